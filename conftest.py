@@ -1,0 +1,3 @@
+"""Root conftest: the suite's plugin lives in fixtures/plugin.py (options, markers, profiles, report)."""
+
+pytest_plugins = ["fixtures.plugin"]
