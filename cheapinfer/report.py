@@ -1,8 +1,10 @@
 """The run record (JSON) and the errata report (Markdown) written after every run.
 
-``build`` turns recorded results into a record: per claim ID its statement, book values, the
-result on each profile, and the claim's overall verdict; plus the environment. ``markdown``
-renders a record; it is a pure function of the record, so a checked-in record pins the format.
+``build`` turns recorded results into a record: per claim ID its statement, book values, checks
+(with their tolerances), the result on each profile, and the claim's overall verdict; plus the
+environment, the run and the candidate errata. ``markdown`` renders a record; it is a pure function
+of the record (no clock, no registry, no machine), so a checked-in record pins the format
+(tests/data/run-record.json -> tests/data/errata-snapshot.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from .registry import DEVIATES, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDI
 RECORD_NAME = "run.json"
 ERRATA_NAME = "errata.md"
 SCHEMA = 1
+#: The environment entries a reader needs to compare two runs, in the order the report shows them.
+KEY_ENVIRONMENT = ("cpu", "gpu", "driver", "cuda", "torch", "transformers", "bitsandbytes", "gguf")
+
+
+def _check_spec(check: registry.Check) -> dict[str, Any]:
+    """A registry check as JSON: what ``compare`` needs to tell a real move from noise."""
+    spec: dict[str, Any] = {"q": check.q, "kind": check.kind, "why": check.why}
+    if check.kind == "shape":
+        spec.update(op=check.op, bound=check.bound)
+    else:
+        spec.update(form=check.form, tol=check.tol)
+    if check.requires:
+        spec["requires"] = check.requires
+    return spec
 
 
 def build(results: list[dict[str, Any]], environment: dict[str, str], run: dict[str, Any], tested: dict[str, list[str]]) -> dict[str, Any]:
@@ -36,17 +52,23 @@ def build(results: list[dict[str, Any]], environment: dict[str, str], run: dict[
             "note": claim.note,
             "has_test": claim_id in tested,
             "verdict": overall(mine),
+            "runs_on": list(claim.runs_on),
+            "digits_on": list(claim.digits_on),
+            "checks": [_check_spec(c) for c in claim.checks],
             "results": mine,
         }
-    return {
+    record = {
         "schema": SCHEMA,
         "suite": f"cheapinfer {__version__}",
         "created": run.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": run,
         "environment": environment,
         "summary": dict(Counter(c["verdict"] for c in claims.values())),
+        "sections": {k: t for k, t in registry.SECTIONS.items() if any(c["section"] == k for c in claims.values())},
         "claims": claims,
     }
+    record["errata"] = candidate_errata(record)
+    return record
 
 
 def write(record: dict[str, Any], outdir: Path) -> tuple[Path, Path]:
@@ -60,6 +82,7 @@ def write(record: dict[str, Any], outdir: Path) -> tuple[Path, Path]:
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A run record from ``run.json`` or from the report directory holding it."""
     path = Path(path)
     if path.is_dir():
         path = path / RECORD_NAME
@@ -77,10 +100,15 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(_cell(_value(c)) for c in row) + " |" for row in rows]
     return out
+
+
+def _sections(record: dict[str, Any]) -> dict[str, str]:
+    """Section key -> title, from the record (older records without it: the registry's titles)."""
+    return record.get("sections") or dict(registry.SECTIONS)
 
 
 def summary_table(record: dict[str, Any]) -> list[str]:
@@ -88,16 +116,141 @@ def summary_table(record: dict[str, Any]) -> list[str]:
     for c in record["claims"].values():
         counts.setdefault(c["section"], Counter())[c["verdict"]] += 1
     rows = []
-    for key, title in registry.SECTIONS.items():
+    for key, title in _sections(record).items():
         if key in counts:
             rows.append([title] + [counts[key].get(v, 0) for v in VERDICTS] + [sum(counts[key].values())])
     total = Counter(c["verdict"] for c in record["claims"].values())
     rows.append(["**all**"] + [total.get(v, 0) for v in VERDICTS] + [sum(total.values())])
-    return _table(["section", *VERDICTS, "claims"], rows)
+    return markdown_table(["section", *VERDICTS, "claims"], rows)
+
+
+def machine_label(env: dict[str, Any]) -> str:
+    """A run's machine in one line: GPU (or CPU) name and the library versions that decide verdicts."""
+    hw = env.get("gpu") if env.get("gpu") not in (None, "", "none") else env.get("cpu", "unknown CPU")
+    libs = ", ".join(f"{k} {env[k]}" for k in ("torch", "transformers", "bitsandbytes") if k in env)
+    return f"{hw} ({libs})" if libs else str(hw)
+
+
+# ----------------------------------------------------------------------------------------------
+# candidate errata
+# ----------------------------------------------------------------------------------------------
+
+
+def _code(text: Any) -> str:
+    """Inline code that survives backticks inside ``text``."""
+    text = str(text)
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _conclusion(r: dict[str, Any], failures: list[dict[str, Any]]) -> str:
+    if r.get("perturbed"):
+        return (
+            "The book's values were moved beyond their tolerance on purpose (`--perturb`): this entry shows "
+            "that the check can fail. It is not an erratum."
+        )
+    if any(f["kind"] == "digits" for f in failures):
+        measured = "; ".join(f"{f['q']} = {_value(f['measured'])}" for f in failures if f["kind"] == "digits")
+        return (
+            f"The book's number does not hold on the {r['profile']} profile, where its digits are expected. "
+            f"If the environment below matches the book's setup, the sentence is a candidate erratum and should give "
+            f"the measured value ({measured}). If a library changed since the pinned versions, compare with a run on "
+            "the pinned versions (`python -m cheapinfer compare`) before filing it."
+        )
+    return (
+        f"The chapter's qualitative conclusion does not hold on the {r['profile']} profile ({r['device']}). Either the "
+        "claim does not carry over to this model or device (the book should say where it holds), or a library update "
+        "changed the behaviour: compare with a run on the pinned versions (`python -m cheapinfer compare`)."
+    )
+
+
+def candidate_errata(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per result with a failed asserted check: what was measured, how, what a reader should conclude.
+
+    Results deviating because their book values were perturbed on purpose come last.
+    """
+    out = []
+    for cid, c in record["claims"].items():
+        for r in c["results"]:
+            failures = [
+                {k: chk[k] for k in ("q", "kind", "measured", "expected", "why")}
+                for chk in r.get("checks", [])
+                if chk["asserted"] and not chk["passed"]
+            ]
+            if failures:
+                out.append(
+                    {
+                        "claim": cid,
+                        "profile": r["profile"],
+                        "device": r["device"],
+                        "test": r.get("test", ""),
+                        "perturbed": bool(r.get("perturbed")),
+                        "failures": failures,
+                        "notes": list(r.get("notes", [])),
+                        "conclusion": _conclusion(r, failures),
+                    }
+                )
+    return sorted(out, key=lambda e: e["perturbed"])
+
+
+def _errata_lines(record: dict[str, Any]) -> list[str]:
+    errata = candidate_errata(record)
+    if not errata:
+        return []
+    lines = ["## Candidate errata", ""]
+    for e in errata:
+        c = record["claims"][e["claim"]]
+        title = f"### {e['claim']} on {e['profile']} ({e['device']})" + (" — perturbed on purpose" if e["perturbed"] else "")
+        lines += [title, "", f"> {c['statement']}", ""]
+        for f in e["failures"]:
+            lines.append(f"- **Measured:** `{f['q']}` = {_value(f['measured'])}; the claim is `{f['expected']}` ({f['why']}).")
+        how = f"- **How:** on the {e['profile']} profile, {e['device']}"
+        lines.append(how + (f", by `{e['test']}`." if e["test"] else "."))
+        for note in e["notes"]:
+            lines.append(f"- **Note:** {note}")
+        lines.append(f"- **Conclusion:** {e['conclusion']}")
+        lines.append("")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# per section and per claim
+# ----------------------------------------------------------------------------------------------
+
+
+def _with_unit(value: Any, unit: str | None) -> str:
+    if not unit:
+        return _value(value)
+    return f"{_value(value)}{unit}" if unit in ("x", "%") else f"{_value(value)} {unit}"
+
+
+def _book_cell(claim: dict[str, Any]) -> str:
+    units = claim.get("units", {})
+    return "; ".join(f"{k} {_with_unit(v, units.get(k))}" for k, v in claim["book"].items()) or "—"
+
+
+def _compact_rows(cid: str, claim: dict[str, Any]) -> list[list[Any]]:
+    if claim["verdict"] == NO_TEST or not claim["results"]:
+        return [[cid, _book_cell(claim), "—", "—", _BADGE[NO_TEST], "—"]]
+    rows = []
+    for r in claim["results"]:
+        where = "—" if r["profile"] == "-" else r["profile"] if r["device"] in ("-", "") else f"{r['profile']} ({r['device']})"
+        checks = r.get("checks", [])
+        if r["verdict"] == NOT_RUN or not checks:
+            rows.append([cid, _book_cell(claim), "—", "—", _BADGE[r["verdict"]], where])
+            continue
+        seen: dict[str, Any] = {}
+        for chk in checks:
+            seen.setdefault(chk["q"], chk["measured"])
+        measured = "; ".join(f"{q} {_with_unit(v, claim.get('units', {}).get(q))}" for q, v in seen.items())
+        tolerance = "; ".join(chk["expected"] + ("" if chk["asserted"] else " (reported)" if chk["passed"] else " (reported, misses)") + ("" if chk["passed"] or not chk["asserted"] else " **fails**") for chk in checks)
+        verdict = _BADGE[r["verdict"]] + (" (perturbed)" if r.get("perturbed") else "")
+        rows.append([cid, _book_cell(claim), measured, tolerance, verdict, where])
+    # One claim, several profiles: name the claim and its book values once.
+    return [row if i == 0 else ["", "", *row[2:]] for i, row in enumerate(rows)]
 
 
 def _result_lines(claim_id: str, claim: dict[str, Any], r: dict[str, Any]) -> list[str]:
-    head = f"- **{r['profile']}** on {r['device']}: {_BADGE[r['verdict']]}"
+    head = f"- **{r['profile']}** on {r['device']}: {_BADGE[r['verdict']]}" if r["profile"] != "-" else f"- {_BADGE[r['verdict']]}"
     if r.get("perturbed"):
         head += " (book values perturbed on purpose with --perturb)"
     lines = [head]
@@ -115,25 +268,40 @@ def _result_lines(claim_id: str, claim: dict[str, Any], r: dict[str, Any]) -> li
     for note in r.get("notes", []):
         lines.append(f"  - note: {note}")
     for w in r.get("warnings", []):
-        lines.append(f"  - library warning: `{w}`")
+        lines.append(f"  - library warning: {_code(w)}")
+    if r.get("test"):
+        lines.append(f"  - test: `{r['test']}`" + (f" ({fmt(r['seconds'])} s)" if r.get("seconds") else ""))
     for t in r.get("tables", []):
         lines.append("")
         lines.append(f"  *{t['title']}*")
         lines.append("")
-        lines += ["  " + row for row in _table(t["header"], t["rows"])]
+        lines += ["  " + row for row in markdown_table(t["header"], t["rows"])]
         lines.append("")
     for fig in r.get("figures", []):
-        lines.append(f"  ![{claim_id} {r['profile']}]({fig})")
+        if lines[-1]:
+            lines.append("")
+        lines.append(f"  ![{claim_id} on {r['profile']}: {Path(fig).stem}]({fig})")
     return lines
+
+
+def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out = []
+    for cid, c in record["claims"].items():
+        for r in c["results"]:
+            for fig in r.get("figures", []):
+                out.append((fig, cid, r["profile"]))
+    return out
 
 
 def markdown(record: dict[str, Any]) -> str:
     env = record["environment"]
+    versions = ", ".join(f"{k} {env[k]}" for k in KEY_ENVIRONMENT[4:] if k in env)
     lines = [
         "# Errata report: Making inference cheap",
         "",
         f"Generated by {record['suite']} on {record['created']}. "
-        f"Device: {record['run'].get('device', '?')}; CPU: {env.get('cpu', '?')}; GPU: {env.get('gpu', '?')}.",
+        f"Device: {record['run'].get('device', '?')}; CPU: {env.get('cpu', '?')}; GPU: {env.get('gpu', '?')}"
+        f" (driver {env.get('driver', '?')}, CUDA {env.get('cuda', '?')}); {versions}.",
         "",
         "Verdicts: *reproduced* — the book's digits hold within the stated tolerance; *shape holds* — the "
         "claim's invariant holds on a model or device where the digits cannot be expected (digits reported beside); "
@@ -145,39 +313,45 @@ def markdown(record: dict[str, Any]) -> str:
         *summary_table(record),
         "",
     ]
-    deviating = [(cid, c) for cid, c in record["claims"].items() if c["verdict"] == DEVIATES]
-    if deviating:
-        lines += ["## Candidate errata", ""]
-        for cid, c in deviating:
-            for r in c["results"]:
-                for chk in r.get("checks", []):
-                    if chk["asserted"] and not chk["passed"]:
-                        lines.append(
-                            f"- **{cid}** ({r['profile']}, {r['device']}): `{chk['q']}` measured {_value(chk['measured'])}, "
-                            f"the book's claim is {chk['expected']}. {c['statement']}"
-                        )
+    lines += _errata_lines(record)
+    figures = _figures(record)
+    if figures:
+        lines += ["## Figures", ""]
+        lines += [f"- [{Path(fig).name}]({fig}): {cid} on {profile}" for fig, cid, profile in figures]
         lines.append("")
-    current = None
+    sections = _sections(record)
+    by_section: dict[str, list[str]] = {}
     for cid, c in record["claims"].items():
-        if c["section"] != current:
-            current = c["section"]
-            lines += [f"## {registry.SECTIONS[current]}", ""]
-        lines.append(f"### {cid} — {_BADGE[c['verdict']]}")
-        lines.append("")
-        lines.append(f"> {c['statement']}")
-        lines.append("")
-        if c["book"]:
-            units = c.get("units", {})
-            lines.append("Book: " + "; ".join(f"`{k}` = {_value(v)}{(' ' + units[k]) if k in units else ''}" for k, v in c["book"].items()))
-            lines.append("")
-        if c.get("note"):
-            lines += [c["note"], ""]
-        if c["verdict"] == NO_TEST:
-            lines += ["No test yet.", ""]
+        by_section.setdefault(c["section"], []).append(cid)
+    for key in [*sections, *(k for k in by_section if k not in sections)]:
+        if key not in by_section:
             continue
-        for r in c["results"]:
-            lines += _result_lines(cid, c, r)
-        lines.append("")
-    lines += ["## Environment", "", *_table(["what", "value"], [[k, v] for k, v in env.items()]), ""]
-    lines += ["## Run", "", *_table(["what", "value"], [[k, v] for k, v in record["run"].items()]), ""]
+        ids = by_section[key]
+        lines += [f"## {sections.get(key, key)}", ""]
+        rows = [row for cid in ids for row in _compact_rows(cid, record["claims"][cid])]
+        lines += [*markdown_table(["claim", "book", "measured", "tolerance", "verdict", "profile"], rows), ""]
+        untested = [cid for cid in ids if record["claims"][cid]["verdict"] == NO_TEST]
+        for cid in ids:
+            c = record["claims"][cid]
+            if cid in untested:
+                continue
+            lines.append(f"### {cid} — {_BADGE[c['verdict']]}")
+            lines.append("")
+            lines.append(f"> {c['statement']}")
+            lines.append("")
+            if c["book"]:
+                units = c.get("units", {})
+                lines.append("Book: " + "; ".join(f"`{k}` = {_with_unit(v, units.get(k))}" for k, v in c["book"].items()))
+                lines.append("")
+            if c.get("note"):
+                lines += [c["note"], ""]
+            for r in c["results"]:
+                lines += _result_lines(cid, c, r)
+            lines.append("")
+        if untested:
+            lines += ["No test yet:", ""]
+            lines += [f"- **{cid}**: {record['claims'][cid]['statement']}" for cid in untested]
+            lines.append("")
+    lines += ["## Environment", "", *markdown_table(["what", "value"], [[k, str(v)] for k, v in env.items()]), ""]
+    lines += ["## Run", "", *markdown_table(["what", "value"], [[k, str(v)] for k, v in record["run"].items()]), ""]
     return "\n".join(lines)

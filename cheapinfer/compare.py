@@ -1,0 +1,316 @@
+"""Run records side by side: ``compare`` two of them, ``merge`` several into a claim x machine matrix.
+
+``python -m cheapinfer compare BEFORE AFTER`` takes two run records (``run.json`` files or the report
+directories holding them), e.g. the pinned libraries and the newest ones (``tox -e latest``), or two
+machines. It prints every claim whose verdict changed on a profile, and every checked value that
+moved beyond its tolerance, and exits 1 on a regression:
+
+- a result that was *reproduced* or *shape holds* and now *deviates*, or is *not run* because its
+  test raised before a verdict (e.g. a library update broke an import); a skip is not a regression;
+- a value that moved beyond its tolerance. For a quantity with a digits check the tolerance is the
+  check's own (``exact``: any change; ``rel``: ``tol`` x the book's value; ``abs``: ``tol``). For a
+  quantity checked only by shape (ratios of timings, growth factors, fractions) it is a relative band,
+  ``--band`` (default 0.25). The shape values are ratios of medians of interleaved rounds; 25% is a
+  stated margin for their run-to-run noise on a shared machine, not a measured one. Tighten it on a
+  quiet, dedicated CI runner; widen it when comparing machines of different kinds.
+
+Exit status: 0 no regression, 1 regression, 2 usage error (argparse).
+
+``python -m cheapinfer merge A B C ...`` puts several run records into one claim x machine matrix
+(Markdown; ``--json`` for JSON), each machine labelled by its GPU (or CPU) name and the versions of
+torch, transformers and bitsandbytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .registry import DEVIATES, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+from .report import KEY_ENVIRONMENT, load, machine_label, markdown_table
+
+#: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
+BAND = 0.25
+_PASSING = (REPRODUCED, SHAPE_HOLDS)
+#: How the plugin words the reason of a claim whose test raised before a verdict (an error, not a skip).
+ERROR_REASON = "error before a verdict"
+
+
+@dataclass
+class Change:
+    """One difference between two runs of a claim on one profile."""
+
+    claim: str
+    profile: str
+    what: str  # "verdict", or the name of the measured quantity
+    before: Any
+    after: Any
+    tolerance: str  # how far the value may move, or "" for a verdict
+    regression: bool
+
+    def line(self) -> str:
+        tag = "REGRESSION" if self.regression else "changed"
+        if self.what == "verdict":
+            body = f"verdict: {self.before} -> {self.after}"
+        else:
+            body = f"{self.what}: {_v(self.before)} -> {_v(self.after)} (moved beyond {self.tolerance})"
+        return f"{tag:<11} {self.claim} [{self.profile}] {body}"
+
+
+def _v(value: Any) -> str:
+    return fmt(value) if not isinstance(value, (dict, list)) else json.dumps(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _by_profile(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Results keyed by (profile, n): the n-th result of that profile (usually n = 0)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    seen: Counter = Counter()
+    for r in claim.get("results", []):
+        out[(r["profile"], seen[r["profile"]])] = r
+        seen[r["profile"]] += 1
+    return out
+
+
+def _unselected(results: dict[tuple[str, int], dict[str, Any]]) -> bool:
+    """No result at all, or only the placeholder ``report.build`` writes for a test not selected in the run."""
+    return not results or all(profile == "-" for profile, _ in results)
+
+
+def _errored(result: dict[str, Any] | None) -> bool:
+    """A result that is *not run* because its test failed before a verdict (not because it was skipped)."""
+    return bool(result) and str(result.get("reason", "")).startswith(ERROR_REASON)
+
+
+def _tolerance(q: str, claim: dict[str, Any], band: float) -> tuple[str, Any]:
+    """How far quantity ``q`` of ``claim`` may move between runs: (form, width).
+
+    A digits check decides (its form and tolerance, relative to the book's value); a quantity
+    checked only by shape gets the relative ``band``.
+    """
+    for spec in claim.get("checks", []):
+        if spec["q"] == q and spec["kind"] == "digits":
+            if spec["form"] == "exact":
+                return "exact", 0
+            if spec["form"] == "rel":
+                book = _number(claim.get("book", {}).get(q))
+                if book is not None:
+                    return "abs", spec["tol"] * abs(book)
+                return "rel", spec["tol"]
+            return "abs", spec["tol"]
+    return "rel", band
+
+
+def _moved(before: Any, after: Any, form: str, width: float) -> bool:
+    a, b = _number(before), _number(after)
+    if a is None or b is None or form == "exact":
+        return before != after
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return not (a == b or (math.isnan(a) and math.isnan(b)))
+    if form == "abs":
+        return abs(b - a) > width
+    return abs(b - a) > width * abs(a) if a != 0 else b != 0
+
+
+def _describe(form: str, width: float) -> str:
+    if form == "exact":
+        return "exact equality"
+    if form == "abs":
+        return f"±{fmt(width)}"
+    return f"±{width:.0%} relative"
+
+
+def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -> list[Change]:
+    """Differences from ``before`` to ``after``: verdict changes per profile and values moved beyond tolerance."""
+    changes: list[Change] = []
+    ids = list(after["claims"]) + [cid for cid in before["claims"] if cid not in after["claims"]]
+    for cid in ids:
+        a_claim, b_claim = before["claims"].get(cid), after["claims"].get(cid)
+        if a_claim is None or b_claim is None:
+            changes.append(Change(cid, "-", "verdict", a_claim["verdict"] if a_claim else "absent", b_claim["verdict"] if b_claim else "absent", "", False))
+            continue
+        a_results, b_results = _by_profile(a_claim), _by_profile(b_claim)
+        if _unselected(a_results) or _unselected(b_results):
+            # No test, or its test was not selected in one of the runs: nothing per profile to compare.
+            if a_claim["verdict"] != b_claim["verdict"]:
+                changes.append(Change(cid, "-", "verdict", a_claim["verdict"], b_claim["verdict"], "", False))
+            continue
+        for key in list(b_results) + [k for k in a_results if k not in b_results]:
+            ra, rb = a_results.get(key), b_results.get(key)
+            va = ra["verdict"] if ra else NO_TEST
+            vb = rb["verdict"] if rb else NO_TEST
+            if va != vb:
+                broke = vb == DEVIATES or (vb == NOT_RUN and _errored(rb))
+                changes.append(Change(cid, key[0], "verdict", va, vb, "", va in _PASSING and broke))
+            if not ra or not rb or NOT_RUN in (va, vb):
+                continue
+            a_measured = {c["q"]: c["measured"] for c in ra.get("checks", [])}
+            done = set()
+            for chk in rb.get("checks", []):
+                q = chk["q"]
+                if q in done or q not in a_measured or a_measured[q] is None or chk["measured"] is None:
+                    continue
+                done.add(q)
+                form, width = _tolerance(q, b_claim, band)
+                if _moved(a_measured[q], chk["measured"], form, width):
+                    changes.append(Change(cid, key[0], q, a_measured[q], chk["measured"], _describe(form, width), True))
+    return changes
+
+
+def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The entries of the environment that decide verdicts and differ between the two runs."""
+    ea, eb = before.get("environment", {}), after.get("environment", {})
+    keys = [*KEY_ENVIRONMENT, *(k for k in eb if k not in KEY_ENVIRONMENT)]
+    return [f"{k}: {ea.get(k, '-')} -> {eb.get(k, '-')}" for k in keys if ea.get(k) != eb.get(k)]
+
+
+def _load(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    try:
+        record = load(path)
+    except (OSError, json.JSONDecodeError) as exc:
+        parser.error(f"no readable run record at {path} (give a run.json, or the report directory holding it): {exc}")
+    if not isinstance(record, dict) or "claims" not in record:
+        parser.error(f"{path} is not a run record of this suite (no 'claims')")
+    return record
+
+
+def compare_cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="cheapinfer compare",
+        description="Claims whose verdict changed or whose measured value moved beyond its tolerance between two run records. Exit 1 on a regression.",
+    )
+    p.add_argument("before", type=Path, help="run.json, or the report directory holding it (e.g. reports)")
+    p.add_argument("after", type=Path, help="run.json, or the report directory holding it (e.g. reports/latest)")
+    p.add_argument("--band", type=float, default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
+    p.add_argument("--verdicts-only", action="store_true", help="a value that moved is printed but is not a regression; only verdicts decide the exit status")
+    p.add_argument("--json", action="store_true", help="print the changes as JSON")
+    args = p.parse_args(argv)
+    before, after = _load(p, args.before), _load(p, args.after)
+    changes = compare(before, after, args.band)
+    if args.verdicts_only:
+        for c in changes:
+            c.regression = c.regression and c.what == "verdict"
+    regressions = [c for c in changes if c.regression]
+    if args.json:
+        print(json.dumps({"before": str(args.before), "after": str(args.after), "environment": environment_changes(before, after),
+                          "changes": [asdict(c) for c in changes], "regressions": len(regressions)}, indent=1, default=str))
+    else:
+        print(f"before: {args.before}: {machine_label(before.get('environment', {}))}, {before.get('created', '?')}")
+        print(f"after:  {args.after}: {machine_label(after.get('environment', {}))}, {after.get('created', '?')}")
+        for line in environment_changes(before, after):
+            print(f"  environment {line}")
+        for c in sorted(changes, key=lambda c: not c.regression):
+            print(c.line())
+        n = len(set(before["claims"]) | set(after["claims"]))
+        print(f"{n} claims compared: {len(regressions)} regression(s), {len(changes) - len(regressions)} other change(s).")
+    return 1 if regressions else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# merge
+# ----------------------------------------------------------------------------------------------
+
+
+def _labels(records: list[dict[str, Any]]) -> list[str]:
+    labels: list[str] = []
+    for rec in records:
+        base = machine_label(rec.get("environment", {}))
+        label, n = base, 1
+        while label in labels:
+            n += 1
+            label = f"{base} #{n}"
+        labels.append(label)
+    return labels
+
+
+def _cell(claim: dict[str, Any] | None) -> str:
+    """Overall verdict, then for each profile that ran its first failed check, else its first asserted one."""
+    if claim is None:
+        return "—"
+    verdict = claim["verdict"]
+    parts = []
+    for r in claim.get("results", []):
+        checks = [c for c in r.get("checks", []) if c["asserted"]]
+        if r["verdict"] != NOT_RUN and checks:
+            shown = next((c for c in checks if not c["passed"]), checks[0])
+            parts.append(f"{r['profile']}: {shown['q']} {_v(shown['measured'])}")
+    text = f"**{verdict}**" if verdict == DEVIATES else verdict
+    return text + (" (" + "; ".join(parts) + ")" if parts else "")
+
+
+def merge(records: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+    """Several run records as one claim x machine matrix (JSON-ready)."""
+    labels = _labels(records)
+    machines = [
+        {"label": label, "source": src, "created": rec.get("created", ""), "device": rec.get("run", {}).get("device", ""), "environment": rec.get("environment", {})}
+        for label, rec, src in zip(labels, records, sources)
+    ]
+    ids: list[str] = []
+    for rec in records:
+        ids += [cid for cid in rec["claims"] if cid not in ids]
+    claims = {}
+    for cid in ids:
+        first = next(rec["claims"][cid] for rec in records if cid in rec["claims"])
+        claims[cid] = {
+            "section": first["section"],
+            "statement": first["statement"],
+            "book": first.get("book", {}),
+            "machines": {
+                label: (
+                    {"verdict": rec["claims"][cid]["verdict"], "results": [
+                        {k: r.get(k) for k in ("profile", "device", "verdict", "measured", "reason")} for r in rec["claims"][cid].get("results", [])
+                    ]}
+                    if cid in rec["claims"] else None
+                )
+                for label, rec in zip(labels, records)
+            },
+        }
+    summary = {label: dict(Counter(c["verdict"] for c in rec["claims"].values())) for label, rec in zip(labels, records)}
+    return {"machines": machines, "summary": summary, "claims": claims}
+
+
+def merge_markdown(records: list[dict[str, Any]], sources: list[str]) -> str:
+    matrix = merge(records, sources)
+    labels = [m["label"] for m in matrix["machines"]]
+    lines = ["# Claims x machines", "", "## Machines", ""]
+    lines += markdown_table(
+        ["machine", "device", *KEY_ENVIRONMENT, "created", "record"],
+        [[m["label"], m["device"], *(m["environment"].get(k, "?") for k in KEY_ENVIRONMENT), m["created"], m["source"]] for m in matrix["machines"]],
+    )
+    lines += ["", "## Summary", ""]
+    lines += markdown_table(["verdict", *labels], [[v, *(matrix["summary"][label].get(v, 0) for label in labels)] for v in VERDICTS])
+    lines += ["", "## Claims", ""]
+    rows = []
+    for cid in matrix["claims"]:
+        rows.append([cid, *(_cell(rec["claims"].get(cid)) for rec in records)])
+    lines += markdown_table(["claim", *labels], rows)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def merge_cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
+    p.add_argument("records", nargs="+", type=Path, help="run.json files, or the report directories holding them")
+    p.add_argument("--json", action="store_true", help="write JSON instead of Markdown")
+    p.add_argument("-o", "--output", type=Path, help="write to this file instead of standard output")
+    args = p.parse_args(argv)
+    records = [_load(p, path) for path in args.records]
+    sources = [str(path) for path in args.records]
+    text = json.dumps(merge(records, sources), indent=1, default=str) + "\n" if args.json else merge_markdown(records, sources)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,105 @@
+"""Rebuild tests/data/run-record.json, the fixed run record of the report's snapshot test.
+
+    python tests/data/make_run_record.py            # rewrite run-record.json
+    UPDATE_SNAPSHOTS=1 pytest tests/test_report.py  # then re-render errata-snapshot.md from it
+
+The record is made the way a run makes it (``Recorder.verify`` judges hand-written measurements
+against the registry, ``report.build`` assembles the record) but with a fixed environment and run,
+and keeps a handful of claims that together show every verdict, a regenerated table, a figure
+link, a note, a library warning, a perturbed claim and a candidate erratum. The measurements are
+made up for the test (the run says so); nothing here depends on the clock or the machine. Run it
+only on purpose: the record follows the registry's statements and checks of the moment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cheapinfer import report
+from cheapinfer.record import Recorder
+
+HERE = Path(__file__).resolve().parent
+RECORD = HERE / "run-record.json"
+
+ENVIRONMENT = {
+    "python": "3.11.7",
+    "platform": "Linux-x86_64",
+    "cpu": "Example 8-core CPU",
+    "cpu_count": "8",
+    "torch_threads": "8",
+    "gpu": "Example GPU 8 GB",
+    "gpu_memory_gib": "8.0",
+    "driver": "550.00",
+    "cuda": "12.4",
+    "torch": "2.13.0",
+    "transformers": "5.24.0",
+    "bitsandbytes": "0.50.2",
+    "gguf": "0.19.0",
+}
+RUN = {
+    "command": "fixed record for the snapshot test of the report (tests/data/make_run_record.py); measurements are made up",
+    "created": "2026-01-01T00:00:00Z",
+    "device": "cuda",
+    "book_model": "Hugging Face cache (instruct)",
+    "twin_dtype": "fp32",
+    "seed": 20241,
+    "seconds": 12.5,
+    "exit_status": 1,
+    "benchmarks": "benchmarks.json",
+}
+#: The claims kept in the record, and the test files that (say the record) name them.
+KEPT = ["KV-IDENTITY", "KV-SPEEDUP-48", "KV-SCORES-BYTES", "KV-MACS", "KV-MEMORY-8.3X", "KV-PREFILL-GROWS", "KV-BYTES-FORMULA", "KV-API", "KV-DECODE-MEMBOUND", "Q-NF4", "BUD-13B-8GB"]
+TESTED = {**{cid: ["test_kv_cache.py"] for cid in KEPT[:8]}, "Q-NF4": ["test_quantization.py"]}
+
+
+def results() -> list[dict]:
+    rec = Recorder(perturb=["KV-SCORES-BYTES"])
+    node = "claims/test_kv_cache.py::"
+    rec.verify("KV-IDENTITY", "twin", "cuda", {"identical": True, "prompts": 4, "tokens": 48}, test=node + "test_cache_gives_identical_tokens[twin]", seconds=3.2)
+    rec.verify("KV-IDENTITY", "stand-in", "cuda", {"identical": True, "prompts": 4, "tokens": 48}, test=node + "test_cache_gives_identical_tokens[stand-in]", seconds=1.1)
+    rec.not_run("KV-IDENTITY", "book", "cuda", "book weights not found: pass --book-model PATH (a local copy of Qwen/Qwen2.5-0.5B-Instruct)", node + "test_cache_gives_identical_tokens[book]")
+    rec.verify(
+        "KV-SPEEDUP-48", "twin", "cuda", {"speedup": 3.47, "speedup_growth": 2.31, "cached_s": 0.412, "uncached_s": 1.43},
+        test=node + "test_cache_is_faster_and_more_so_for_longer_generations[twin]", seconds=8.0,
+        figures=["plots/kv-decode-vs-context.png"],
+        notes=["The twin has random weights: the speedup depends on shapes, not on weight values."],
+    )
+    rec.verify("KV-SCORES-BYTES", "arithmetic", "cpu", {"recompute_bytes": 67_108_864, "cached_bytes": 16_384}, test=node + "test_scores_bytes", seconds=0.01)
+    rec.verify(
+        "KV-MEMORY-8.3X", "twin", "cuda", {"ratio": 6.2, "cached_peak_bytes": 9_437_184, "uncached_peak_bytes": 58_720_256},
+        test=node + "test_uncached_needs_8x_memory[twin]", seconds=4.0,
+        notes=["Measured with torch.cuda.max_memory_allocated after torch.cuda.reset_peak_memory_stats; weights subtracted."],
+    )
+    rec.verify(
+        "KV-PREFILL-GROWS", "twin", "cuda", {"growth": 2.8, "worst_drop": 0.31},
+        test=node + "test_prefill_time_grows_with_prompt[twin]", seconds=6.5,
+        tables=[{"title": "Prefill time by prompt length (twin, fp32)", "header": ["prompt tokens", "ms", "ms per token"],
+                 "rows": [[128, 41.0, 0.32], [512, 88.0, 0.17], [1024, 61.0, 0.06], [2048, 115.0, 0.056]]}],
+        figures=["plots/kv-prefill-vs-prompt.png"],
+        notes=["The time drops from 512 to 1024 tokens: the attention kernel switches to a fused path at 1024."],
+    )
+    rec.verify(
+        "KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": 12_288}, test=node + "test_kv_cache_is_12288_bytes_per_token", seconds=0.0,
+        tables=[{"title": "KV cache bytes per token", "header": ["model", "layers", "kv heads", "head dim", "bytes/token (fp16)"],
+                 "rows": [["Qwen2.5-0.5B", 24, 2, 64, 12_288]]}],
+    )
+    rec.verify(
+        "KV-API", "stand-in", "cuda", {"runs": True}, test=node + "test_cache_api_runs[stand-in]", seconds=0.4,
+        warnings=["FutureWarning: `past_key_values` as a tuple of tuples is deprecated; use a Cache instance"],
+    )
+    return [r.to_dict() for r in rec.results]
+
+
+def make() -> dict:
+    record = report.build(results(), dict(ENVIRONMENT), dict(RUN), TESTED)
+    record["claims"] = {cid: c for cid, c in record["claims"].items() if cid in KEPT}
+    record["summary"] = {v: n for v, n in ((v, sum(c["verdict"] == v for c in record["claims"].values())) for v in report.VERDICTS) if n}
+    record["sections"] = {k: t for k, t in record["sections"].items() if any(c["section"] == k for c in record["claims"].values())}
+    record["errata"] = report.candidate_errata(record)
+    return record
+
+
+if __name__ == "__main__":
+    RECORD.write_text(json.dumps(make(), indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {RECORD}")

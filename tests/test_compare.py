@@ -1,0 +1,180 @@
+"""compare (two run records: regressions) and merge (several: a claim x machine matrix).
+
+The records are the fixed one of the snapshot test (tests/data/run-record.json) and small ones
+built here with ``report.build`` from measurements judged by the registry.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from cheapinfer import __main__ as cli, compare as cmp, report
+from cheapinfer.record import Recorder
+
+RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
+ENV = {"cpu": "Example CPU", "gpu": "none", "driver": "n/a", "cuda": "n/a", "torch": "2.13.0", "transformers": "5.24.0", "bitsandbytes": "0.50.2", "gguf": "0.19.0"}
+
+
+def built(bytes_per_token: int = 12_288, speedup: float = 3.0, env: dict | None = None) -> dict:
+    """A small record: one digits claim (arithmetic) and one shape claim (twin timing ratios)."""
+    rec = Recorder()
+    rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": bytes_per_token})
+    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_growth": 2.0, "cached_s": 0.5})
+    tested = {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]}
+    return report.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, tested)
+
+
+def save(record: dict, path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "run.json").write_text(json.dumps(record), encoding="utf-8")
+    return path
+
+
+def test_compare_a_run_against_itself_exits_0(capsys):
+    assert cmp.compare_cli([str(RECORD), str(RECORD)]) == 0
+    assert "0 regression(s), 0 other change(s)" in capsys.readouterr().out
+
+
+def test_compare_a_perturbed_value_exits_1_naming_the_claim(tmp_path, capsys):
+    after = report.load(RECORD)
+    result = after["claims"]["KV-SPEEDUP-48"]["results"][0]
+    for chk in result["checks"]:
+        if chk["q"] == "speedup":
+            chk["measured"] *= 0.5  # still > 1 (shape holds), but half the speedup: beyond the 25% band
+    assert cmp.compare_cli([str(RECORD), str(save(after, tmp_path / "after"))]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION  KV-SPEEDUP-48 [twin] speedup: 3.47 -> 1.735" in out
+
+
+def test_a_claim_that_now_deviates_is_a_regression(tmp_path, capsys):
+    before, after = save(built(), tmp_path / "before"), save(built(bytes_per_token=12_289), tmp_path / "after")
+    assert report.load(after)["claims"]["KV-BYTES-FORMULA"]["verdict"] == "deviates"
+    assert cli.main(["compare", str(before), str(after)]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION  KV-BYTES-FORMULA [arithmetic] verdict: reproduced -> deviates" in out
+
+
+def test_a_claim_that_no_longer_deviates_is_reported_but_not_a_regression(tmp_path, capsys):
+    before, after = save(built(bytes_per_token=12_289), tmp_path / "before"), save(built(), tmp_path / "after")
+    assert cmp.compare_cli([str(before), str(after), "--verdicts-only"]) == 0
+    assert "changed     KV-BYTES-FORMULA [arithmetic] verdict: deviates -> reproduced" in capsys.readouterr().out
+
+
+def test_a_timing_ratio_within_its_band_is_noise(tmp_path):
+    before, after = save(built(speedup=3.0), tmp_path / "before"), save(built(speedup=3.6), tmp_path / "after")
+    assert cmp.compare_cli([str(before), str(after)]) == 0
+    assert cmp.compare_cli([str(before), str(after), "--band", "0.1"]) == 1
+
+
+def test_a_value_not_named_by_a_check_is_not_compared():
+    """Absolute times are reported, never asserted: they may move freely between machines."""
+    before, after = built(), built()
+    after["claims"]["KV-SPEEDUP-48"]["results"][0]["measured"]["cached_s"] = 50.0
+    assert cmp.compare(before, after) == []
+
+
+def test_a_digits_value_moves_by_its_own_tolerance():
+    """KV-MEMORY-8.3X: ratio = 8.3 +- 15% relative, so a move of more than 0.15 x 8.3 = 1.245 is a regression."""
+    before = report.load(RECORD)
+
+    def moved_to(value: float) -> list[cmp.Change]:
+        after = copy.deepcopy(before)
+        for chk in after["claims"]["KV-MEMORY-8.3X"]["results"][0]["checks"]:
+            chk["measured"] = value
+        return cmp.compare(before, after)
+
+    assert moved_to(6.2 + 1.2) == []
+    [change] = moved_to(6.2 + 1.3)
+    assert (change.claim, change.what, change.regression) == ("KV-MEMORY-8.3X", "ratio", True)
+
+
+@given(base=st.floats(1e-3, 1e6), inside=st.floats(-0.99, 0.99), outside=st.floats(1.01, 3.9))
+def test_shape_values_move_only_beyond_the_band(base, inside, outside):
+    """Within the band (up or down, at any scale) a value has not moved; beyond it (up or down) it has."""
+    assert not cmp._moved(base, base * (1 + inside * cmp.BAND), "rel", cmp.BAND)
+    assert cmp._moved(base, base * (1 + outside * cmp.BAND), "rel", cmp.BAND)
+    assert cmp._moved(base, base * (1 - outside * cmp.BAND), "rel", cmp.BAND)
+
+
+def test_compare_names_the_environment_that_changed(tmp_path, capsys):
+    newer = {**ENV, "torch": "2.14.0"}
+    before, after = save(built(), tmp_path / "before"), save(built(env=newer), tmp_path / "after")
+    assert cmp.compare_cli([str(before), str(after)]) == 0
+    assert "environment torch: 2.13.0 -> 2.14.0" in capsys.readouterr().out
+
+
+def test_compare_json_output(tmp_path, capsys):
+    before, after = save(built(), tmp_path / "before"), save(built(bytes_per_token=12_289), tmp_path / "after")
+    assert cmp.compare_cli([str(before), str(after), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["regressions"] >= 1
+    assert {"claim": "KV-BYTES-FORMULA", "what": "verdict", "before": "reproduced", "after": "deviates"}.items() <= out["changes"][0].items()
+
+
+def test_compare_command_line_exit_status(tmp_path):
+    """The exit status a CI job sees, through `python -m cheapinfer compare`."""
+    before, after = save(built(), tmp_path / "before"), save(built(bytes_per_token=12_289), tmp_path / "after")
+    run = lambda a, b: subprocess.run([sys.executable, "-m", "cheapinfer", "compare", str(a), str(b)], capture_output=True, text=True, timeout=120)
+    assert run(before, before).returncode == 0
+    failed = run(before, after)
+    assert failed.returncode == 1 and "KV-BYTES-FORMULA" in failed.stdout
+
+
+def test_compare_a_missing_record_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        cmp.compare_cli([str(tmp_path / "nowhere"), str(RECORD)])
+    assert exc.value.code == 2
+
+
+def test_merge_makes_a_claim_by_machine_matrix(tmp_path, capsys):
+    gpu = {**ENV, "gpu": "Example GPU 24 GB", "cuda": "12.4", "driver": "550.00"}
+    paths = [save(built(), tmp_path / "laptop"), save(built(speedup=7.5, env=gpu), tmp_path / "gpu"), save(built(bytes_per_token=12_289), tmp_path / "laptop2")]
+    assert cli.main(["merge", *map(str, paths)]) == 0
+    md = capsys.readouterr().out
+    laptop = "Example CPU (torch 2.13.0, transformers 5.24.0, bitsandbytes 0.50.2)"
+    header = next(line for line in md.splitlines() if line.startswith("| claim |"))
+    assert header == f"| claim | {laptop} | Example GPU 24 GB (torch 2.13.0, transformers 5.24.0, bitsandbytes 0.50.2) | {laptop} #2 |"
+    row = next(line for line in md.splitlines() if line.startswith("| KV-BYTES-FORMULA |"))
+    assert row.count("reproduced") == 2 and "**deviates**" in row
+    assert "twin: speedup 7.5" in next(line for line in md.splitlines() if line.startswith("| KV-SPEEDUP-48 |"))
+
+
+def test_merge_json(tmp_path):
+    paths = [save(built(), tmp_path / "a"), str(RECORD)]
+    out = tmp_path / "matrix.json"
+    assert cmp.merge_cli([*map(str, paths), "--json", "-o", str(out)]) == 0
+    matrix = json.loads(out.read_text(encoding="utf-8"))
+    labels = [m["label"] for m in matrix["machines"]]
+    assert len(labels) == 2 and labels[1].startswith("Example GPU 8 GB")
+    cell = matrix["claims"]["KV-MEMORY-8.3X"]["machines"]
+    assert cell[labels[1]]["verdict"] == "deviates"
+    assert matrix["claims"]["KV-7B-CACHE"]["machines"][labels[1]] is None  # not in the fixed record
+
+
+@pytest.mark.parametrize(
+    "reason, regression",
+    [("error before a verdict: ImportError: cannot import name 'DynamicCache'", True), ("needs a CUDA device; this run uses cpu", False)],
+    ids=["error", "skip"],
+)
+def test_a_claim_that_errors_is_a_regression_and_one_that_is_skipped_is_not(reason, regression):
+    before, after = built(), built()
+    after["claims"]["KV-SPEEDUP-48"]["results"] = [{"claim": "KV-SPEEDUP-48", "profile": "twin", "device": "cpu", "verdict": "not run", "reason": reason, "measured": {}, "checks": []}]
+    [change] = cmp.compare(before, after)
+    assert (change.claim, change.before, change.after, change.regression) == ("KV-SPEEDUP-48", "shape holds", "not run", regression)
+
+
+def test_a_claim_whose_test_was_not_selected_is_one_informational_change():
+    """A run with -k or -m selects fewer tests: their claims are 'not run', not regressions."""
+    before = built()
+    rec = Recorder()
+    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": 3.0, "speedup_growth": 2.0})
+    after = report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu"}, {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]})
+    [change] = cmp.compare(before, after)
+    assert (change.claim, change.profile, change.before, change.after, change.regression) == ("KV-BYTES-FORMULA", "-", "reproduced", "not run", False)
