@@ -250,6 +250,8 @@ def _moved(value: Any, away_from: Any, width: float) -> Any:
     """A value at least two tolerance widths beyond ``away_from`` on the side opposite to ``value``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"not {value!r}" if not isinstance(value, bool) else not value
+    if not isinstance(away_from, (int, float)):  # nothing measured: any move beyond the band will do
+        away_from = value
     step = max(abs(away_from - value), 0.0) + 2 * width + 1e-9 * max(1.0, abs(value))
     direction = 1.0 if away_from <= value else -1.0
     moved = value + direction * step
@@ -268,11 +270,11 @@ def perturb(claim: Claim, measured: Mapping[str, Any]) -> Claim:
         m = measured.get(check.q)
         if check.kind == "digits":
             b = book[check.q]
-            if isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(m, (int, float)):
+            if isinstance(b, (int, float)) and not isinstance(b, bool):
                 width = check.tol * abs(b) if check.form == "rel" else check.tol
                 moved = _moved(b, m, width)
                 # A relative band widens with the book value: keep moving until the measurement is outside it.
-                while check.form == "rel" and abs(m - moved) <= check.tol * abs(moved):
+                while check.form == "rel" and isinstance(m, (int, float)) and abs(m - moved) <= check.tol * abs(moved):
                     moved = moved * 2 if moved > m else moved / 2 - 1
                 book[check.q] = moved
             else:

@@ -1,0 +1,376 @@
+"""Section 3: weight quantization.
+
+Symmetric absmax quantizers (INT8/INT4 per tensor, per output row, per group of N along the input
+dimension) and NF4 (blocks of N along the input dimension, levels at the normal quantiles). Storage
+is real: integer codes (4-bit codes packed two per byte) plus one scale per tensor, row or group.
+
+Scales are stored as **fp16** (16 bits), as GGUF's Q8_0/Q4_0 and the book's bit counts assume:
+group-128 INT4 is 4 + 16/128 = 4.125 bits per weight, NF4 with blocks of 64 is 4 + 16/64 = 4.25.
+Codes are computed against the stored (rounded) scale, so every element is within half a step of
+its dequantized value. ``scale_dtype=torch.float32`` keeps fp32 scales (bitsandbytes' NF4 stores
+its absmax in fp32; the cross-check uses that).
+
+Assumptions: weights are ``[out_features, in_features]`` (``nn.Linear`` layout); rounding is half
+away from zero (C's ``roundf``, as llama.cpp and the ``gguf`` package round).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+#: The schemes of the book's error table, in its order. ``reference`` is the unquantized fp32 weight.
+SCHEMES = ("reference", "int8-tensor", "int8-row", "int4-tensor", "int4-row", "int4-g128", "nf4")
+
+#: Block size of ``nf4`` without an explicit ``-gN`` (bitsandbytes' and QLoRA's default).
+NF4_BLOCK = 64
+
+#: The published NF4 codebook (QLoRA, Dettmers et al. 2023; the table in bitsandbytes): 16 levels at
+#: quantiles of N(0, 1), normalised to [-1, 1], with an exact zero (8 positive, 7 negative levels).
+NF4_CODEBOOK = (
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+)
+
+_SCHEME = re.compile(r"^(?:(int)(\d+)-(tensor|row|g(\d+))|(nf4)(?:-g(\d+))?)$")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A parsed scheme name: ``int8-tensor``, ``int4-row``, ``int4-g128``, ``int8-g32``, ``nf4``, ``nf4-g128``."""
+
+    name: str
+    kind: str  # "int" | "nf4"
+    bits: int
+    granularity: str  # "tensor" | "row" | "group"
+    group: int = 0  # elements per scale along the input dimension (group only)
+
+    @property
+    def qmax(self) -> int:
+        """Largest positive code; codes lie in [-qmax - 1, qmax] (two's complement range)."""
+        return 2 ** (self.bits - 1) - 1
+
+
+def parse_scheme(name: str) -> Scheme:
+    m = _SCHEME.match(name)
+    if not m:
+        raise ValueError(f"unknown quantization scheme {name!r}; known: {', '.join(SCHEMES)} (and int<b>-g<N>, nf4-g<N>)")
+    if m.group(5):
+        return Scheme(name, "nf4", 4, "group", int(m.group(6) or NF4_BLOCK))
+    bits = int(m.group(2))
+    if bits not in (4, 8):
+        raise ValueError(f"{name!r}: only 4- and 8-bit integer codes are stored")
+    gran = m.group(3)
+    if gran.startswith("g"):
+        return Scheme(name, "int", bits, "group", int(m.group(4)))
+    return Scheme(name, "int", bits, gran)
+
+
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """C's ``roundf``: halves round away from zero (torch.round rounds them to even)."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def nf4_codebook(dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.tensor(NF4_CODEBOOK, dtype=dtype)
+
+
+def nf4_from_quantiles() -> list[float]:
+    """The NF4 levels rebuilt from normal quantiles, as QLoRA constructs them (offset 0.9677).
+
+    8 positive levels at ``Phi^-1`` of ``linspace(offset, 0.5, 9)[:-1]``, 7 negative at
+    ``-Phi^-1`` of ``linspace(offset, 0.5, 8)[:-1]``, plus zero, all divided by the largest.
+    """
+    from scipy.stats import norm
+
+    offset = 0.9677083
+    pos = norm.ppf(torch.linspace(offset, 0.5, 9)[:-1].double().numpy()).tolist()
+    neg = (-norm.ppf(torch.linspace(offset, 0.5, 8)[:-1].double().numpy())).tolist()
+    levels = sorted(pos + [0.0] + neg)
+    top = max(abs(v) for v in levels)
+    return [v / top for v in levels]
+
+
+@dataclass
+class QuantizedTensor:
+    """Codes and scales as stored. ``codes`` is int8 (8-bit) or uint8 with two 4-bit codes per byte."""
+
+    scheme: Scheme
+    shape: tuple[int, ...]  # the weight's shape [out, in]
+    codes: torch.Tensor  # int8 [out, in_padded] or uint8 [ceil(out * in_padded / 2)]
+    scales: torch.Tensor  # [1, 1] (tensor) | [out, 1] (row) | [out, in_padded / group] (group)
+    padded_in: int  # input dimension padded to a whole number of groups
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually stored: codes plus scales (the shape is metadata, not counted)."""
+        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.nbytes / math.prod(self.shape)
+
+    def unpacked_codes(self) -> torch.Tensor:
+        """Signed codes ``[out, in_padded]`` (int8): for INT the integer level, for NF4 the codebook index - 8."""
+        if self.scheme.bits == 8:
+            return self.codes
+        lo = (self.codes & 0x0F).to(torch.int8)
+        hi = (self.codes >> 4).to(torch.int8)
+        flat = torch.stack([lo, hi], dim=-1).reshape(-1)[: self.shape[0] * self.padded_in]
+        return (flat - 8).reshape(self.shape[0], self.padded_in)
+
+    def element_scales(self) -> torch.Tensor:
+        """The stored scale of every element, as fp32: ``[out, in]``."""
+        out, inp = self.shape
+        s = self.scales.to(torch.float32)
+        if self.scheme.granularity == "group":
+            s = s.repeat_interleave(self.scheme.group, dim=1)[:, :inp]
+        return s.expand(out, inp)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        out, inp = self.shape
+        codes = self.unpacked_codes()  # [out, in_padded]
+        if self.scheme.kind == "nf4":
+            values = nf4_codebook()[codes.long() + 8]
+        else:
+            values = codes.to(torch.float32)
+        scales = self.scales.to(torch.float32)
+        if self.scheme.granularity == "group":
+            g = self.scheme.group
+            w = values.reshape(out, self.padded_in // g, g) * scales.unsqueeze(-1)  # [out, groups, g]
+            w = w.reshape(out, self.padded_in)
+        else:
+            w = values * scales  # [out, in] * [1|out, 1]
+        return w[:, :inp].to(dtype)
+
+
+def _as_matrix(weight: torch.Tensor) -> torch.Tensor:
+    if weight.dim() == 1:
+        return weight.reshape(1, -1)
+    if weight.dim() != 2:
+        raise ValueError(f"expected a [out, in] matrix, got shape {tuple(weight.shape)}")
+    return weight
+
+
+def quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch.float16) -> QuantizedTensor:
+    """Quantize a ``[out, in]`` weight (a 1-D tensor is treated as one row) into codes and scales."""
+    s = parse_scheme(scheme)
+    w = _as_matrix(weight).detach().to(torch.float32)
+    out, inp = w.shape
+    padded = inp
+    if s.granularity == "group":
+        padded = -(-inp // s.group) * s.group
+        if padded != inp:  # zero padding: it never raises a group's absmax
+            w = torch.nn.functional.pad(w, (0, padded - inp))
+        blocks = w.reshape(out, padded // s.group, s.group)  # [out, groups, g]
+        absmax = blocks.abs().amax(dim=-1)  # [out, groups]
+    elif s.granularity == "row":
+        blocks = w.unsqueeze(1)  # [out, 1, in]
+        absmax = w.abs().amax(dim=1, keepdim=True)  # [out, 1]
+    else:
+        blocks = w.reshape(1, 1, -1)
+        absmax = w.abs().amax().reshape(1, 1)
+    top = 1.0 if s.kind == "nf4" else float(s.qmax)
+    scales = (absmax / top).to(scale_dtype)  # stored
+    stored = scales.to(torch.float32).unsqueeze(-1)  # [., ., 1]
+    inv = torch.where(stored > 0, 1.0 / stored, torch.zeros_like(stored))
+    x = blocks * inv  # normalised: |x| <= qmax (int) or 1 (nf4), up to the scale's rounding
+    if s.kind == "nf4":
+        book = nf4_codebook()
+        mids = (book[1:] + book[:-1]) / 2  # 15 decision thresholds
+        idx = torch.bucketize(x, mids)  # nearest level; index 0..15
+        codes = (idx - 8).to(torch.int8)
+    else:
+        codes = round_half_away(x).clamp_(-s.qmax - 1, s.qmax).to(torch.int8)
+    codes = codes.reshape(out, padded)
+    if s.bits == 4:
+        flat = (codes.reshape(-1) + 8).to(torch.uint8)  # 0..15
+        if flat.numel() % 2:
+            flat = torch.cat([flat, flat.new_zeros(1)])
+        pairs = flat.reshape(-1, 2)
+        codes = pairs[:, 0] | (pairs[:, 1] << 4)  # two codes per byte, first in the low nibble
+    return QuantizedTensor(s, (out, inp), codes.contiguous(), scales.contiguous(), padded)
+
+
+def fake_quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Quantize then dequantize: same shape and dtype as ``weight``. ``reference`` returns a copy."""
+    if scheme == "reference":
+        return weight.detach().clone()
+    q = quantize(weight, scheme, scale_dtype)
+    return q.dequantize(torch.float32).reshape(weight.shape).to(weight.dtype)
+
+
+_PROJ = re.compile(r"\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight$")
+
+
+def projection_weights(model) -> dict[str, torch.Tensor]:
+    """Every projection matrix of the decoder layers (q, k, v, o, gate, up, down), by parameter name.
+
+    Embeddings, the LM head and norms are excluded. Names look like ``model.layers.12.mlp.down_proj.weight``.
+    """
+    return {name: p for name, p in model.named_parameters() if _PROJ.search(name)}
+
+
+@torch.no_grad()
+def quantized_copy(model, scheme: str):
+    """A deep copy of ``model`` with every projection matrix replaced by ``fake_quantize(W, scheme)``."""
+    if scheme != "reference":
+        parse_scheme(scheme)  # fail before the copy on an unknown name
+    clone = copy.deepcopy(model)
+    if scheme != "reference":
+        for p in projection_weights(clone).values():
+            p.copy_(fake_quantize(p, scheme))
+    clone.eval()
+    clone.requires_grad_(False)
+    return clone
+
+
+# ----------------------------------------------------------------------------------------------
+# measurements of the section
+# ----------------------------------------------------------------------------------------------
+
+
+def relative_error(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch.float16) -> float:
+    """``||W - W_hat||_F / ||W||_F`` for one matrix."""
+    w = weight.detach().float()
+    return float(torch.linalg.vector_norm(w - fake_quantize(w, scheme, scale_dtype)) / torch.linalg.vector_norm(w))
+
+
+@dataclass
+class ErrorRow:
+    scheme: str
+    mean: float
+    worst: float
+    worst_matrix: str
+    errors: dict[str, float]  # per matrix
+
+
+def error_table(weights: dict[str, torch.Tensor], schemes=SCHEMES, scale_dtype: torch.dtype = torch.float16) -> list[ErrorRow]:
+    """Relative error of every matrix under every scheme: one row per scheme (mean and worst over matrices)."""
+    rows = []
+    for scheme in schemes:
+        errors = {name: relative_error(w, scheme, scale_dtype) for name, w in weights.items()}
+        worst = max(errors, key=errors.get)
+        rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors))
+    return rows
+
+
+def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float | int]:
+    """The book's one-matrix listing: mean |w|, std, max |w|, max/std, count beyond ``sigmas`` std (|w| > k std)."""
+    from scipy.stats import norm
+
+    w = weight.detach().double().flatten()
+    std = float(w.std())
+    beyond = int((w.abs() > sigmas * std).sum())
+    expected = w.numel() * 2 * float(norm.sf(sigmas))  # under a normal distribution
+    return {
+        "mean_abs": float(w.abs().mean()),
+        "std": std,
+        "max_abs": float(w.abs().max()),
+        "max_over_std": float(w.abs().max()) / std,
+        "beyond_6sigma": beyond,
+        "numel": w.numel(),
+        "beyond_fraction": beyond / w.numel(),
+        "tail_excess": beyond / expected,
+    }
+
+
+def central_levels(weight: torch.Tensor, scheme: str = "int4-tensor", central: float = 0.99) -> int:
+    """Distinct codes that the central ``central`` fraction of the weights (by value) occupy under ``scheme``."""
+    q = quantize(weight, scheme)
+    w = weight.detach().float().flatten()
+    codes = q.unpacked_codes()[:, : q.shape[1]].flatten()
+    lo, hi = _quantiles(w, ((1 - central) / 2, 1 - (1 - central) / 2))
+    inside = (w >= lo) & (w <= hi)
+    return int(codes[inside].unique().numel())
+
+
+def _quantiles(w: torch.Tensor, qs) -> list[float]:
+    """Exact order statistics (torch.quantile refuses tensors above 16 M elements)."""
+    s = w.sort().values
+    return [float(s[min(len(s) - 1, round(q * (len(s) - 1)))]) for q in qs]
+
+
+def stored_bits(shapes: dict[str, tuple[int, int]], scheme: str, count: int = 1) -> tuple[int, int]:
+    """(stored bytes, weights) of ``count`` copies of matrices of the given shapes, measured by quantizing them.
+
+    The bytes depend on shapes only, so seeded random matrices stand in for the weights.
+    """
+    from collections import Counter
+
+    g = torch.Generator().manual_seed(0)
+    nbytes = weights = 0
+    for shape, n in Counter(tuple(s) for s in shapes.values()).items():  # each distinct shape once
+        q = quantize(torch.randn(shape, generator=g), scheme)
+        nbytes += count * n * q.nbytes
+        weights += count * n * math.prod(shape)
+    return nbytes, weights
+
+
+def decimal_gb(parameters: int, bytes_per_parameter: int) -> float:
+    return parameters * bytes_per_parameter / 1e9
+
+
+def parameter_bytes(model) -> int:
+    """Bytes of every parameter as stored (tied weights counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def error_figure(rows: list[ErrorRow], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.scheme != "reference"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r.mean for r in rows], width=0.4, label="mean", color="#4a6fa5")
+    ax.bar([i + 0.2 for i in x], [r.worst for r in rows], width=0.4, label="worst matrix", color="#c0504d")
+    ax.set_xticks(list(x), [r.scheme for r in rows], rotation=20, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("||W - W_hat|| / ||W||")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def decode_step(model, context: int = 32, seed: int = 0):
+    """A callable that runs one batch-1 decode step of ``model`` over a ``context``-token KV cache.
+
+    The cache is cropped back to ``context`` after every step, so every call does the same work.
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=g).to(device)  # [1, C + 1]
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+
+    @torch.no_grad()
+    def step():
+        out = model(input_ids=ids[:, context:], past_key_values=cache, use_cache=True)
+        cache.crop(-1)  # drop the step just appended: back to `context` tokens
+        return out.logits
+
+    return step

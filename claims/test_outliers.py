@@ -1,0 +1,148 @@
+"""Section 4 of the chapter: activation outliers in the residual stream."""
+
+import statistics
+
+import pytest
+
+from cheapinfer import outliers
+from fixtures.plugin import on_profiles
+
+#: The ordinary dimensions the book names (Qwen2.5-0.5B); measured by index on the book profile only.
+BOOK_EXAMPLE_DIMS = (826, 336, 96)
+
+
+def _example_dims(profile, dim_max):
+    """The book's named dimensions on the book; elsewhere ordinary dimensions at the 95th, 50th and 10th percentile of max |h|."""
+    if profile.name == "book":
+        return BOOK_EXAMPLE_DIMS
+    order = dim_max.argsort().tolist()  # ascending
+    return tuple(order[round(q * (len(order) - 1))] for q in (0.95, 0.5, 0.1))
+
+
+def _prompt_note(claim, profile):
+    full = len(profile.tokenizer(outliers.PROMPT, add_special_tokens=False)["input_ids"])
+    claim.note(
+        f"Prompt: the first {outliers.PROMPT_TOKENS} tokens of the suite's prose text ({full} tokens in full under "
+        f"the {profile.name}'s tokenizer); the book's own prompt is not printed."
+    )
+    return full
+
+
+def _layer(profile, book_layer):
+    return outliers.scaled_layer(book_layer, profile.config.num_hidden_layers)
+
+
+@pytest.mark.claim("OUT-DIM62")
+@on_profiles("stand-in", "book")
+def test_one_dimension_reaches_1579_while_the_median_stays_below_1_6(claim, profile, residual_streams):
+    """OUT-DIM62: "dimension 62 reaches 1,579.6 while the median dimension never exceeds 1.6"."""
+    _, stats = residual_streams(profile)
+    full = _prompt_note(claim, profile)
+    top = stats.top_dim
+    dim_max = stats.dim_max
+    ranked = dim_max.argsort(descending=True)[:5].tolist()
+    claim.table(f"Largest max |h| per dimension over all layers ({profile.name})", ["dimension", "max |h|"], [[d, f"{float(dim_max[d]):.1f}"] for d in ranked])
+    claim.verify(
+        profile.name,
+        dim=top,
+        max=float(dim_max[top]),
+        median_dim_max=stats.median_dim_max(),
+        top_over_median=float(dim_max[top]) / stats.median_dim_max(),
+        prompt_tokens=outliers.PROMPT_TOKENS,
+        prompt_tokens_full_text=full,
+        hidden=int(dim_max.numel()),
+    )
+
+
+@pytest.mark.claim("OUT-PERSISTS")
+@on_profiles("stand-in", "book")
+def test_the_outlier_dimension_persists_from_layer_4_to_20(claim, profile, residual_streams):
+    """OUT-PERSISTS: "the same dimension is there at layer 4 and still at layer 20, at nearly the same value"."""
+    _, stats = residual_streams(profile)
+    lo, hi = (_layer(profile, b) for b in outliers.BOOK_PERSIST)
+    tops = stats.top_dim_by_layer()[lo : hi + 1]
+    dim = tops[0]
+    at_lo, at_hi = float(stats.per_layer_dim_max[lo, dim]), float(stats.per_layer_dim_max[hi, dim])
+    claim.table(f"Top dimension by layer ({profile.name})", ["layer", "top dimension", "its max |h|"], [[lo + i, d, f"{float(stats.per_layer_dim_max[lo + i, d]):.1f}"] for i, d in enumerate(tops)])
+    if not 0.5 <= at_hi / at_lo <= 2:
+        claim.note(f"On the {profile.name} the top dimension is the same from layer {lo} to {hi}, but its max |h| changes {at_hi / at_lo:.1f}x over that span: the book's 'nearly the same value' does not carry over.")
+    claim.verify(profile.name, dim=dim, persists=len(set(tops)) == 1, first_layer=lo, last_layer=hi, max_at_first=at_lo, max_at_last=at_hi, last_over_first=at_hi / at_lo)
+
+
+@pytest.mark.claim("OUT-HISTOGRAM")
+@on_profiles("stand-in", "book")
+def test_layer_16_maxima_leave_empty_octaves_below_one_outlier(claim, profile, residual_streams):
+    """OUT-HISTOGRAM: "layer 16: 254, 283, 226, 93, 18, 9, 7, 5, 0, 0, 0, 1" (octave bins of per-dimension max |h|)."""
+    _, stats = residual_streams(profile)
+    layer = _layer(profile, outliers.BOOK_HIST_LAYER)
+    dim_max = stats.per_layer_dim_max[layer]  # [H]
+    edges = outliers.octave_edges(float(dim_max.max()))
+    counts = outliers.octave_histogram(dim_max, edges)
+    claim.table(f"Per-dimension max |h| at layer {layer} of {stats.layers} ({profile.name})", ["bin", "dimensions"], [[line.rsplit(" ", 1)[0], c] for line, c in zip(outliers.histogram_lines(counts, edges), counts)])
+    title = f"{profile.name}: max |h| per dimension, layer {layer} of {stats.layers}"
+    claim.figure("out-histogram" if profile.name == "stand-in" else f"out-histogram-{profile.name}", outliers.histogram_figure(counts, title, edges))
+    bins = {f"n_{lo:g}_{hi:g}": c for lo, hi, c in zip(edges[:-1], edges[1:], counts)}
+    claim.verify(profile.name, **bins, bins=",".join(map(str, counts)), empty_octaves=outliers.empty_octaves_between(counts), layer=layer, dimensions=sum(counts))
+
+
+@pytest.mark.claim("OUT-INT8-LEVELS")
+@on_profiles("stand-in", "book")
+def test_int8_per_tensor_uses_14_of_256_levels(claim, profile, residual_streams):
+    """OUT-INT8-LEVELS: "fourteen levels of the 256; scale 12.44; median magnitude 0.26, 99th percentile 2.51"."""
+    states, stats = residual_streams(profile)
+    layer = _layer(profile, outliers.BOOK_HIST_LAYER)
+    r = outliers.int8_report(states[layer])
+    claim.verify(profile.name, levels=r.levels, scale=r.scale, median_abs=r.median_abs, p99_abs=r.p99_abs, layer=layer)
+
+
+@pytest.mark.claim("OUT-ONE-LEVEL")
+@on_profiles("stand-in", "book")
+def test_ordinary_dimensions_get_one_level_under_the_tensor_scale(claim, profile, residual_streams):
+    """OUT-ONE-LEVEL: "dim 826 (max |h| = 4.77): 1 distinct level out of 256" (and 336, 96)."""
+    states, stats = residual_streams(profile)
+    layer = _layer(profile, outliers.BOOK_HIST_LAYER)
+    h = states[layer]  # [T, H]
+    r = outliers.int8_report(h)
+    dim_max = h.abs().amax(dim=0)
+    dims = _example_dims(profile, dim_max)
+    claim.table(
+        f"single tensor-wide scale = {r.scale:.4f} (layer {layer}, {profile.name})",
+        ["dimension", "max |h|", "distinct levels of 256"],
+        [[d, f"{float(dim_max[d]):.2f}", r.dim_levels[d]] for d in dims],
+    )
+    claim.verify(
+        profile.name,
+        dims=",".join(map(str, dims)),
+        maxima=",".join(f"{float(dim_max[d]):.2f}" for d in dims),
+        levels=",".join(str(r.dim_levels[d]) for d in dims),
+        median_dim_levels=statistics.median(r.dim_levels),
+        one_level_dims=sum(1 for n in r.dim_levels if n == 1),
+        hidden=len(r.dim_levels),
+    )
+
+
+@pytest.mark.claim("OUT-EXCLUDE-4")
+@on_profiles("stand-in", "book")
+def test_excluding_4_dimensions_shrinks_the_scale_22x(claim, profile, residual_streams):
+    """OUT-EXCLUDE-4: "after excluding the top 4 dimensions, scale = 0.5749 (22x smaller); dim 826: 8 levels, 336: 4, 96: 3"."""
+    states, stats = residual_streams(profile)
+    layer = _layer(profile, outliers.BOOK_HIST_LAYER)
+    h = states[layer]  # [T, H]
+    r = outliers.int8_report(h, exclude=4)
+    dims = _example_dims(profile, h.abs().amax(dim=0))
+    per_dim = {f"example_levels_{i}": r.dim_levels_excl[d] for i, d in enumerate(dims, 1)}
+    claim.table(
+        f"after excluding the top {r.excluded} dimensions {r.top_dims[: r.excluded]}, scale = {r.scale_excl:.4f} ({r.scale / r.scale_excl:.0f}x smaller)",
+        ["dimension", "levels before", "levels after"],
+        [[d, r.dim_levels[d], r.dim_levels_excl[d]] for d in dims],
+    )
+    claim.verify(
+        profile.name,
+        scale=r.scale_excl,
+        shrink=r.scale / r.scale_excl,
+        **per_dim,
+        example_dims=",".join(map(str, dims)),
+        levels=",".join(str(r.dim_levels_excl[d]) for d in dims),
+        excluded_dims=",".join(map(str, r.top_dims[: r.excluded])),
+        median_dim_levels_excl=statistics.median(r.dim_levels_excl),
+    )

@@ -1,0 +1,273 @@
+"""Section 3 of the chapter: weight quantization."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from cheapinfer import quant
+from cheapinfer.arch import QWEN25_05B
+from fixtures.plugin import on_profiles
+
+BOOK_DOWN_PROJ = "model.layers.12.mlp.down_proj.weight"
+STAND_IN_NOTE = (
+    "The stand-in's weights are themselves dequantized Q4_1 (at most 16 values per block of 32, on an "
+    "asymmetric grid: a scale and a minimum per block). The symmetric grids here do not line up with "
+    "those values: INT4 with groups of 32, Q4_1's own block, still loses {g32:.4f} of the norm on "
+    "average, so the stand-in's errors are those of 4-bit-like weights, not near zero."
+)
+
+
+@pytest.mark.claim("Q-SIZES")
+def test_half_a_billion_parameters_are_198_099_049_gb(claim):
+    """Q-SIZES: "4 bytes 1.98 GB, 2 bytes 0.99 GB, 1 byte 0.49 GB" (the book config's parameters)."""
+    n = QWEN25_05B.parameter_count()
+    claim.verify(
+        "arithmetic",
+        parameters=n,
+        gb_fp32=round(quant.decimal_gb(n, 4), 2),
+        gb_16bit=round(quant.decimal_gb(n, 2), 2),
+        gb_8bit=round(quant.decimal_gb(n, 1), 2),
+    )
+
+
+@pytest.mark.claim("Q-BYTES-SPEED")
+def test_16_bit_weights_make_a_decode_step_faster(claim, twin_factory, device, timed):
+    """Q-BYTES-SPEED: "fewer bits per weight make each decode step faster, because decode moves bytes"."""
+    half = "fp16" if device.type == "cuda" else "bf16"
+    fp32, low = twin_factory("fp32"), twin_factory(half)
+    steps = {"fp32": quant.decode_step(fp32.model), half: quant.decode_step(low.model)}
+    samples = timed(steps, rounds=7, warmup=2)
+    bytes32, bytes16 = quant.parameter_bytes(fp32.model), quant.parameter_bytes(low.model)
+    if device.type != "cuda":
+        claim.note(f"CPU: fp32 vs {half} step ratio reported only; CPU {half} matmuls are not bandwidth-bound.")
+    claim.verify(
+        "twin",
+        bytes_fp32=bytes32,
+        bytes_16bit=bytes16,
+        bytes_ratio_16bit=bytes16 / bytes32,
+        step_fp32_s=samples["fp32"].median,
+        step_16bit_s=samples[half].median,
+        speedup_16bit=samples["fp32"].median / samples[half].median,
+        dtype_16bit=half,
+    )
+
+
+_INT_SCHEMES = ("int8-tensor", "int8-row", "int8-g32", "int4-tensor", "int4-row", "int4-g128", "int4-g16")
+_magnitude = st.one_of(st.just(0.0), st.floats(2.0**-10, 2.0**10, width=32))
+_weights = hnp.arrays(
+    np.float32,
+    st.tuples(st.integers(1, 6), st.integers(1, 300)),
+    elements=st.tuples(_magnitude, st.booleans()).map(lambda t: -t[0] if t[1] else t[0]),
+)
+
+
+@pytest.mark.claim("Q-ABSMAX")
+def test_symmetric_absmax_rounds_within_half_a_step(claim):
+    """Q-ABSMAX: "qmax = 2^(b-1)-1, scale = max|W|/qmax, round, clamp to [-qmax-1, qmax]" (properties)."""
+    seen = {"worst": 0.0, "idempotent": True, "sign_symmetric": True, "codes_in_range": True, "examples": 0}
+
+    @given(w=_weights, scheme=st.sampled_from(_INT_SCHEMES + ("nf4", "nf4-g16")))
+    def properties(w, scheme):
+        w = torch.from_numpy(w)  # [out, in]
+        q = quant.quantize(w, scheme)
+        w_hat = q.dequantize()
+        seen["examples"] += 1
+        if q.scheme.kind == "int":
+            codes = q.unpacked_codes()[:, : w.shape[1]].to(torch.int32)
+            seen["codes_in_range"] &= bool(((codes >= -q.scheme.qmax - 1) & (codes <= q.scheme.qmax)).all())
+            scale = q.element_scales()  # [out, in]
+            unclamped = (w.abs() <= (q.scheme.qmax + 0.5) * scale) & (scale > 0)
+            ratio = ((w - w_hat).abs() / (scale / 2))[unclamped]
+            if ratio.numel():
+                seen["worst"] = max(seen["worst"], float(ratio.max()))
+            seen["codes_in_range"] &= bool(((w - w_hat)[scale == 0] == 0).all())  # an all-zero group stays zero
+            seen["sign_symmetric"] &= bool(torch.equal(quant.fake_quantize(-w, scheme), -w_hat))  # NF4's levels are not symmetric
+        seen["idempotent"] &= bool(torch.equal(quant.fake_quantize(w_hat, scheme), w_hat))
+
+    properties()
+    claim.verify(
+        "arithmetic",
+        max_err_over_half_scale=seen["worst"],
+        idempotent=seen["idempotent"],
+        sign_symmetric=seen["sign_symmetric"],
+        codes_in_range=seen["codes_in_range"],
+        qmax_int8=quant.parse_scheme("int8-tensor").qmax,
+        qmax_int4=quant.parse_scheme("int4-tensor").qmax,
+        examples=seen["examples"],
+    )
+
+
+@pytest.mark.claim("Q-COUNT")
+@on_profiles("twin", "stand-in", "book")
+def test_168_projection_matrices_hold_357_8_m_parameters(claim, profile):
+    """Q-COUNT: "all 168 projection matrices, 357.8 million parameters"."""
+    weights = quant.projection_weights(profile.model)
+    layers = profile.config.num_hidden_layers
+    claim.verify(
+        profile.name,
+        matrices=len(weights),
+        parameters=sum(w.numel() for w in weights.values()),
+        layers=layers,
+        matrices_per_layer=len(weights) / layers,
+    )
+
+
+def _error_rows(profile, error_tables):
+    """The profile's error table (computed once per session), by scheme, and its wall time."""
+    rows, seconds = error_tables(profile)
+    return {r.scheme: r for r in rows}, seconds
+
+
+@pytest.mark.claim("Q-ERROR-TABLE")
+@on_profiles("stand-in", "book")
+def test_int4_per_tensor_collapses_to_099_on_the_worst_matrix(claim, profile, error_tables):
+    """Q-ERROR-TABLE: "a relative error of 0.99 on the worst matrix": INT4 per tensor collapses."""
+    rows, seconds = _error_rows(profile, error_tables)
+    claim.table(
+        f"Relative error ||W - W_hat|| / ||W|| over {len(rows['reference'].errors)} projection matrices ({profile.name})",
+        ["scheme", "mean", "worst", "worst matrix"],
+        [[r.scheme, f"{r.mean:.4f}", f"{r.worst:.4f}", r.worst_matrix] for r in rows.values()],
+    )
+    claim.figure("q-error-by-scheme" if profile.name == "stand-in" else f"q-error-by-scheme-{profile.name}", quant.error_figure(list(rows.values()), f"Quantization error per scheme ({profile.name})"))
+    measured = {f"{s.replace('-', '_')}_{k}": getattr(r, k) for s, r in rows.items() for k in ("mean", "worst")}
+    if profile.name == "stand-in":
+        weights = quant.projection_weights(profile.model)
+        measured["int4_g32_mean"] = sum(quant.relative_error(w, "int4-g32") for w in weights.values()) / len(weights)
+        claim.note(STAND_IN_NOTE.format(g32=measured["int4_g32_mean"]))
+    claim.verify(profile.name, **measured, matrices=len(rows["reference"].errors), quantize_all_schemes_s=seconds)
+
+
+@pytest.mark.claim("Q-ROW-3.4")
+@on_profiles("stand-in", "book")
+def test_per_row_scales_divide_int4_error_by_3_4(claim, profile, error_tables):
+    """Q-ROW-3.4: "per output row divides the error by 3.4; per group of 128 divides it again"."""
+    rows, _ = _error_rows(profile, error_tables)
+    tensor, row, g128 = (rows[s].mean for s in ("int4-tensor", "int4-row", "int4-g128"))
+    claim.verify(profile.name, tensor_over_row=tensor / row, row_over_g128=row / g128, int4_tensor_mean=tensor, int4_row_mean=row, int4_g128_mean=g128)
+
+
+@pytest.mark.claim("Q-TWO-THREE-LEVELS")
+@on_profiles("stand-in", "book")
+def test_int4_per_tensor_leaves_ordinary_weights_two_or_three_levels(claim, profile, error_tables):
+    """Q-TWO-THREE-LEVELS: "the ordinary weights -- so all of them -- round to two or three different levels"."""
+    rows, _ = _error_rows(profile, error_tables)
+    weights = quant.projection_weights(profile.model)
+    example = BOOK_DOWN_PROJ  # the book's example matrix (also on the stand-in, as Q-DOWNPROJ-STATS)
+    worst = rows["int4-tensor"].worst_matrix
+    claim.verify(
+        profile.name,
+        levels=quant.central_levels(weights[example]),
+        levels_worst=quant.central_levels(weights[worst]),
+        example_matrix=example,
+        worst_matrix=worst,
+    )
+
+
+@pytest.mark.claim("Q-DOWNPROJ-STATS")
+@on_profiles("stand-in", "book")
+def test_one_down_proj_has_a_24_sigma_weight(claim, profile):
+    """Q-DOWNPROJ-STATS: "mean |w| 0.01386 std 0.01822 max |w| 0.43945 max/std 24.1; 692 of 4,358,144 beyond 6 sigma"."""
+    w = quant.projection_weights(profile.model)[BOOK_DOWN_PROJ]
+    stats = quant.matrix_stats(w)
+    claim.table(
+        f"{BOOK_DOWN_PROJ} ({' x '.join(map(str, w.shape))}, {profile.name})",
+        ["mean |w|", "std", "max |w|", "max/std", "beyond 6 sigma"],
+        [[f"{stats['mean_abs']:.5f}", f"{stats['std']:.5f}", f"{stats['max_abs']:.5f}", f"{stats['max_over_std']:.1f}", f"{stats['beyond_6sigma']:,} of {stats['numel']:,} ({100 * stats['beyond_fraction']:.3f} %)"]],
+    )
+    claim.verify(profile.name, **stats)
+
+
+@pytest.mark.claim("Q-BITS-G128")
+def test_group_128_costs_4_125_bits_per_weight(claim):
+    """Q-BITS-G128: "a 16-bit scale per group of 128 is 4 + 16/128 = 4.125 bits per weight"."""
+    nbytes, weights = quant.stored_bits(QWEN25_05B.projection_shapes(), "int4-g128", count=QWEN25_05B.layers)
+    claim.verify("arithmetic", bits_per_weight=8 * nbytes / weights, stored_bytes=nbytes, weights=weights, formula=4 + 16 / 128)
+
+
+@pytest.mark.claim("Q-NF4")
+@on_profiles("stand-in", "book")
+def test_nf4_costs_4_25_bits_and_lowers_the_error_28_percent(claim, profile, error_tables):
+    """Q-NF4: "4.25 bits per weight against 4.125 for group-128, and the error drops from 0.1323 to 0.0952, 28% lower"."""
+    rows, _ = _error_rows(profile, error_tables)
+    shapes = {n: tuple(w.shape) for n, w in quant.projection_weights(profile.model).items()}
+    nbytes, weights = quant.stored_bits(shapes, "nf4")
+    g128, nf4 = rows["int4-g128"].mean, rows["nf4"].mean
+    claim.verify(profile.name, bits_per_weight=8 * nbytes / weights, err_g128=g128, err_nf4=nf4, reduction=1 - nf4 / g128, nf4_over_g128=nf4 / g128)
+
+
+# ----------------------------------------------------------------------------------------------
+# independent cross-checks of the quantizers (a disagreement is a failing test)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_nf4_codebook_equals_bitsandbytes_and_the_normal_quantiles():
+    import bitsandbytes.functional as bnbf
+
+    ours = quant.nf4_codebook()
+    torch.testing.assert_close(ours, bnbf.get_4bit_type("nf4", device="cpu").float(), rtol=0, atol=1e-7)
+    # QLoRA's construction from normal quantiles, rebuilt with scipy (float64 -> fp32 rounding)
+    torch.testing.assert_close(ours, torch.tensor(quant.nf4_from_quantiles(), dtype=torch.float32), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(256, 512), (64, 4864)], ids=lambda s: f"shape={s[0]}x{s[1]}")
+def test_nf4_blockwise_equals_bitsandbytes(shape):
+    """Own NF4 (block 64, fp32 scales as bitsandbytes stores them) equals bitsandbytes' quantize_4bit -> dequantize_4bit."""
+    import bitsandbytes.functional as bnbf
+
+    w = torch.randn(shape) * torch.exp(torch.randn(shape[0], 1))  # rows of different magnitude
+    w[0, 3] = 40.0  # one heavy outlier
+    packed, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    theirs = bnbf.dequantize_4bit(packed, state, quant_type="nf4")
+    ours = quant.fake_quantize(w, "nf4-g64", scale_dtype=torch.float32)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    # the stored form keeps bitsandbytes' absmax rounded to fp16; codes move only next to a decision threshold
+    stored = quant.quantize(w, "nf4")
+    torch.testing.assert_close(stored.scales.flatten(), state.absmax.half().flatten(), rtol=0, atol=0)
+    fp32_codes = quant.quantize(w, "nf4", scale_dtype=torch.float32).unpacked_codes()
+    assert float((stored.unpacked_codes() != fp32_codes).float().mean()) < 0.01
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (8, 4864)], ids=lambda s: f"shape={s[0]}x{s[1]}")
+def test_int8_group_32_equals_gguf_q8_0(shape):
+    """Own INT8 group-32 equals gguf's Q8_0 quantize -> dequantize within its fp16-scale rounding.
+
+    Both store d = absmax/127 as fp16. gguf rounds w/d with the fp32 d, the suite with the stored
+    fp16 d; so codes agree except where w/d lies within the fp16 rounding of d of a half-integer,
+    and there they differ by one level.
+    """
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    w = (torch.randn(shape) * torch.exp(torch.randn(shape[0], 1))).numpy()
+    theirs = torch.from_numpy(dequantize(quantize(w, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0).reshape(shape))
+    q = quant.quantize(torch.from_numpy(w), "int8-g32")
+    ours = q.dequantize()
+    w = torch.from_numpy(w)
+    d32 = (w.reshape(shape[0], -1, 32).abs().amax(-1) / 127).repeat_interleave(32, dim=1)  # [out, in] fp32 scale
+    d16 = q.element_scales()
+    # scales: identical fp16 values
+    torch.testing.assert_close(d16, d32.half().float(), rtol=0, atol=0)
+    step = (ours - theirs).abs() / d16
+    differ = step > 0
+    assert float(step.max()) <= 1.0 + 1e-6, "codes differ by more than one level"
+    near_half = ((w / d32).abs() - (w / d32).abs().floor() - 0.5).abs() <= 127 * (d16 - d32).abs() / d32 + 1e-6
+    assert bool(near_half[differ].all()), "codes differ away from a rounding tie"
+    assert float(differ.float().mean()) < 0.05
+
+
+def test_quantized_copy_replaces_only_the_projection_matrices(stand_in, quantized_stand_in):
+    """The shared quantized variants: projections fake-quantized, everything else and the original untouched."""
+    variant = quantized_stand_in["int4-g128"].model
+    assert quantized_stand_in["int4-g128"].model is variant  # built once
+    original = dict(stand_in.model.named_parameters())
+    projections = quant.projection_weights(stand_in.model)
+    assert len(projections) == 7 * stand_in.config.num_hidden_layers
+    for name, p in variant.named_parameters():
+        if name in projections:
+            assert torch.equal(p, quant.fake_quantize(original[name], "int4-g128")), name
+            assert not torch.equal(p, original[name]), name
+        else:
+            assert torch.equal(p, original[name]), name
+    assert not variant.training and not any(p.requires_grad for p in variant.parameters())
