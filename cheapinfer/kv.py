@@ -1,12 +1,40 @@
 """Section 1, the KV cache: bytes, multiply-accumulates, and what a cache costs and saves.
 
 Arithmetic here is exact integer arithmetic; measurements (timings, allocator peaks, cache
-tensors) use a real transformers model, usually the twin.
+tensors) use a real transformers model, usually the twin. Shapes follow transformers:
+``[B, H, S, D]`` = batch, heads, sequence, head dim.
+
+Usable without pytest, e.g.::
+
+    import torch
+    from cheapinfer import kv, models
+    from cheapinfer.arch import QWEN25_05B
+    twin = models.twin("fp32")
+    ids = torch.randint(0, 32_000, (1, 8))
+    kv.greedy_cached(twin.model, ids, 16)             # prefill, then one token per step
+    kv.macs_generate(QWEN25_05B, 48, cached=False)    # closed form, exact
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import logging
+import math
+import weakref
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from .arch import QWEN25_05B, Arch
+from .device import sync
+
+GIB = 2**30
+
+# ------------------------------------------------------------------------------------------------
+# bytes
+# ------------------------------------------------------------------------------------------------
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int) -> int:
@@ -16,3 +44,364 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem
 
 def arch_kv_bytes_per_token(arch: Arch = QWEN25_05B, bytes_per_element: int = 2, kv_heads: int | None = None) -> int:
     return kv_bytes_per_token(arch.layers, arch.kv_heads if kv_heads is None else kv_heads, arch.head_dim, bytes_per_element)
+
+
+def cache_bytes(batch: int, tokens: int, arch: Arch = QWEN25_05B, bytes_per_element: int = 2) -> int:
+    """Resident cache of ``batch`` sequences of ``tokens`` each: depends only on batch x tokens."""
+    return batch * tokens * arch_kv_bytes_per_token(arch, bytes_per_element)
+
+
+def weight_bytes(parameters: int, bytes_per_element: int = 2) -> int:
+    return parameters * bytes_per_element
+
+
+def scores_bytes(rows: int, n: int, bytes_per_element: int = 4) -> int:
+    """One head's attention scores for ``rows`` queries over ``n`` keys: recompute rows = n, cached rows = 1."""
+    return rows * n * bytes_per_element
+
+
+def dynamic_cache_tensors(cache) -> list[torch.Tensor]:
+    """Every key and value tensor a transformers cache holds, layer by layer."""
+    if hasattr(cache, "layers"):
+        return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return [t for pair in cache for t in pair[:2]]  # legacy tuple of (k, v) per layer
+
+
+def dynamic_cache_bytes(cache) -> int:
+    return sum(t.numel() * t.element_size() for t in dynamic_cache_tensors(cache))
+
+
+# ------------------------------------------------------------------------------------------------
+# multiply-accumulates
+# ------------------------------------------------------------------------------------------------
+# Counted: the multiply-accumulates of matrix products (the seven projections of every layer, the
+# attention scores Q K^T and the weighted sum P V of every head, the LM head). Elementwise work
+# (norms, RoPE, softmax, SiLU, bias adds) is lower order and not counted, by the closed form or by
+# the counter. Cold start: a one-token prompt; step t (t = 1..T) sees t tokens of context and
+# emits one token. The uncached step is a plain forward over all t tokens with logits for every
+# position, as the chapter's naive loop does; eager attention computes the full t x t scores.
+
+
+def weight_macs_per_token(arch: Arch = QWEN25_05B) -> int:
+    """W: every projection of every layer, plus the LM head (vocab x hidden)."""
+    per_layer = sum(o * i for o, i in arch.projection_shapes().values())
+    return arch.layers * per_layer + arch.vocab * arch.hidden
+
+
+def attention_macs_per_pair(arch: Arch = QWEN25_05B) -> int:
+    """A: one query attending to one key, every head of every layer: Q.K and the V-weighted sum."""
+    return 2 * arch.layers * arch.heads * arch.head_dim
+
+
+def macs_step(arch: Arch, t: int, cached: bool) -> int:
+    """Step t of generation. Cached: one new token over t keys, W + A t. Uncached: t tokens, t W + A t^2."""
+    w, a = weight_macs_per_token(arch), attention_macs_per_pair(arch)
+    return w + a * t if cached else t * w + a * t * t
+
+
+def macs_generate(arch: Arch, tokens: int, cached: bool) -> int:
+    """Total for T tokens from a cold start. Cached: T W + A T(T+1)/2 = O(T^2); uncached:
+    W T(T+1)/2 + A T(T+1)(2T+1)/6 = O(T^3)."""
+    w, a, n = weight_macs_per_token(arch), attention_macs_per_pair(arch), tokens
+    if cached:
+        return n * w + a * n * (n + 1) // 2
+    return w * n * (n + 1) // 2 + a * n * (n + 1) * (2 * n + 1) // 6
+
+
+def meta_model(config):
+    """A transformers causal LM on the meta device: real shapes and ops, no memory, no arithmetic."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval().requires_grad_(False)
+
+
+def counted_macs(fn: Callable[[], object]) -> int:
+    """Multiply-accumulates of every matrix product ``fn`` dispatches, counted op by op (FLOPs / 2)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        fn()
+    return counter.get_total_flops() // 2
+
+
+def counted_step_macs(model, t: int, cached: bool) -> int:
+    """Run step t for real (on ``model``'s device, meta works) and count its multiply-accumulates."""
+    dev = next(model.parameters()).device
+    if not cached:  # a fresh, discarded cache: writing it is no matrix product, and on meta it skips a data-dependent mask check
+        return counted_macs(lambda: model(torch.zeros((1, t), dtype=torch.long, device=dev), use_cache=True))
+    with torch.inference_mode():
+        past = returned_cache(model(torch.zeros((1, t - 1), dtype=torch.long, device=dev), use_cache=True)) if t > 1 else None
+    one = torch.zeros((1, 1), dtype=torch.long, device=dev)
+    return counted_macs(lambda: model(one, **_cache_kwargs(model, past), use_cache=True))
+
+
+def counted_generate_macs(model, tokens: int, cached: bool) -> int:
+    """Walk a whole cold-start generation of ``tokens`` steps and count every step's multiply-accumulates."""
+    dev = next(model.parameters()).device
+
+    def run():
+        ids = torch.zeros((1, 1), dtype=torch.long, device=dev)
+        past = None
+        for t in range(1, tokens + 1):
+            if cached:
+                out = model(ids[:, -1:] if past is not None else ids, **_cache_kwargs(model, past), use_cache=True)
+                past = returned_cache(out)
+            else:  # a fresh cache each step, discarded: the plain forward over all t tokens
+                model(ids, use_cache=True)
+            ids = torch.zeros((1, t + 1), dtype=torch.long, device=dev)
+
+    return counted_macs(run)
+
+
+# ------------------------------------------------------------------------------------------------
+# greedy generation, with and without the cache
+# ------------------------------------------------------------------------------------------------
+
+
+def _cache_kwargs(model, past) -> dict:
+    """Hand the cache back under the name the installed transformers wants (``cache`` since 5.x,
+    ``past_key_values`` before): the suite's own loops do not trip the deprecation the chapter's
+    listing does (KV-API checks the listing's spelling separately)."""
+    if past is None:
+        return {}
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: past}
+
+
+def returned_cache(out):
+    """The cache a forward returned: ``out.cache`` since transformers 5.x, ``out.past_key_values`` before."""
+    return out["cache"] if "cache" in out else out.past_key_values
+
+
+@torch.inference_mode()
+def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+    """Prefill ``ids`` [1, P], then one token per step from the cache. Returns the new tokens [1, new_tokens].
+
+    ``on_step(k)`` is called after token k (1-based) is chosen, e.g. to read a clock. Only the cache
+    and the last token are held between steps (the logits are dropped), as a serving loop would.
+    """
+    out = model(ids, use_cache=True)
+    past, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)  # nxt: [1, 1]
+    del out
+    tokens = [nxt]
+    if on_step:
+        on_step(1)
+    for k in range(2, new_tokens + 1):
+        out = model(nxt, **_cache_kwargs(model, past), use_cache=True)
+        past, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
+        del out
+        tokens.append(nxt)
+        if on_step:
+            on_step(k)
+    return torch.cat(tokens, dim=1)
+
+
+@torch.inference_mode()
+def greedy_uncached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+    """Full recomputation: every step runs the model over the whole sequence so far, no cache."""
+    seq = ids
+    for k in range(1, new_tokens + 1):
+        nxt = model(seq, use_cache=False).logits[:, -1:].argmax(-1)  # the [1, t, vocab] logits die here
+        seq = torch.cat([seq, nxt], dim=1)
+        if on_step:
+            on_step(k)
+    return seq[:, ids.shape[1]:]
+
+
+@torch.inference_mode()
+def listing_continuation(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The chapter's listing, spelled as the chapter spells it."""
+    out = model(ids, use_cache=True)
+    past = out.past_key_values
+    next_ids = out.logits[:, -1:].argmax(-1)
+    tokens = [next_ids]
+    for _ in range(new_tokens - 1):
+        out = model(next_ids, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        next_ids = out.logits[:, -1:].argmax(-1)
+        tokens.append(next_ids)
+    return torch.cat(tokens, dim=1)
+
+
+@contextlib.contextmanager
+def transformers_log(records: list[str]):
+    """Collect what transformers logs at WARNING while the block runs (its deprecations go through
+    ``logger.warning_once``, not the warnings module; the once-cache is cleared so they show again)."""
+    from transformers.utils import logging as hf_logging
+
+    root = hf_logging.get_logger("transformers")
+    once = getattr(logging.Logger, "warning_once", None)
+    if once is not None and hasattr(once, "cache_clear"):
+        once.cache_clear()
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage().splitlines()[0])
+
+    handler = _Keep(logging.WARNING)
+    root.addHandler(handler)
+    try:
+        yield records
+    finally:
+        root.removeHandler(handler)
+
+
+# ------------------------------------------------------------------------------------------------
+# timing helpers: callables for cheapinfer.timing.interleaved
+# ------------------------------------------------------------------------------------------------
+
+
+class Head:
+    """One attention head, d = 64, fed by the model width: the unit of KV-SCORES-BYTES and KV-HEAD-TIMING."""
+
+    def __init__(self, n: int, hidden: int = QWEN25_05B.hidden, head_dim: int = QWEN25_05B.head_dim,
+                 device: torch.device | str = "cpu", seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.n, self.d = n, head_dim
+        self.wq, self.wk, self.wv = (torch.randn(hidden, head_dim, generator=g).div_(hidden**0.5).to(device) for _ in range(3))
+        self.x = torch.randn(n, hidden, generator=g).to(device)  # [n, hidden]: the n tokens' inputs
+        # the cache after n - 1 tokens: [n-1, d] keys and values
+        self.k_cache = self.x[:-1] @ self.wk
+        self.v_cache = self.x[:-1] @ self.wv
+
+    def recompute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step n without a cache: project all n tokens, n x n scores, causal softmax, weighted sum."""
+        q, k, v = self.x @ self.wq, self.x @ self.wk, self.x @ self.wv  # [n, d] each
+        scores = (q @ k.T) / math.sqrt(self.d)  # [n, n] fp32
+        mask = torch.ones(self.n, self.n, dtype=torch.bool, device=scores.device).triu_(1)
+        out = scores.masked_fill_(mask, float("-inf")).softmax(-1) @ v
+        return out[-1:], scores
+
+    def cached(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step n with the cache: project the new token, append its k and v, 1 x n scores."""
+        x = self.x[-1:]  # [1, hidden]
+        k = torch.cat([self.k_cache, x @ self.wk])  # [n, d]
+        v = torch.cat([self.v_cache, x @ self.wv])
+        scores = ((x @ self.wq) @ k.T) / math.sqrt(self.d)  # [1, n] fp32
+        return scores.softmax(-1) @ v, scores
+
+
+def random_cache(config, context: int, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
+    """A DynamicCache holding ``context`` tokens of random keys and values for every layer.
+
+    A decode step's cost does not depend on the cached values, only on their number; this builds a
+    long context without paying for its prefill.
+    """
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(seed)
+    heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = DynamicCache(config=config)
+    for layer in range(config.num_hidden_layers):
+        k, v = (torch.randn(1, heads, context, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+        cache.update(k, v, layer)
+    return cache
+
+
+def decode_step(model, cache, context: int) -> Callable[[], object]:
+    """One decode step at ``context`` cached tokens, repeatable: the step's new entry is cropped off again."""
+    one = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+
+    def step():
+        model(one, **_cache_kwargs(model, cache), use_cache=True)
+        cache.crop(context - cache.get_seq_length())  # negative: drop the step's entry (both old and new transformers)
+
+    return step
+
+
+def prefill(model, ids: torch.Tensor) -> Callable[[], object]:
+    """The prompt's forward pass that fills the cache and yields the first token (time to first token)."""
+    return lambda: model(ids, use_cache=True)
+
+
+def copy_bandwidth_callable(nbytes: int, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:
+    """A STREAM-style copy of ``nbytes`` (far beyond any cache) and the bytes it moves (read + write)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return (lambda: dst.copy_(src)), 2 * src.numel() * 4
+
+
+def parameter_bytes(model) -> int:
+    """Bytes of every distinct parameter (tied embedding counted once): what a decode step streams."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+# ------------------------------------------------------------------------------------------------
+# memory: peaks above the resident weights
+# ------------------------------------------------------------------------------------------------
+
+
+class LivePeak(TorchDispatchMode):
+    """Peak bytes of tensor storage created inside the block and still alive (CPU or any device).
+
+    Every op's output storage is counted once, from the op that creates it until the last tensor
+    viewing it is freed. Storage that existed before the block (weights, inputs) is not counted, so
+    the peak is "allocator peak minus resident weights" for allocators that have no statistics of
+    their own (the CPU's). No allocator rounding or caching: a lower bound on what an allocator holds.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._owners: dict[int, int] = {}  # storage data_ptr -> live tracked tensors viewing it
+        self._sizes: dict[int, int] = {}
+        self._tensors: set[int] = set()  # ids of tracked tensor objects
+
+    def _track(self, t: torch.Tensor, input_storages: set[int]) -> None:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key == 0 or id(t) in self._tensors:
+            return
+        if key not in self._owners:
+            if key in input_storages:
+                return  # a view of (or in-place on) storage made before the block: weights, inputs
+            self._owners[key] = 0
+            self._sizes[key] = storage.nbytes()
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+        self._owners[key] += 1
+        self._tensors.add(id(t))
+        weakref.finalize(t, self._release, key, id(t))
+
+    def _release(self, key: int, tid: int) -> None:
+        self._tensors.discard(tid)
+        self._owners[key] -= 1
+        if self._owners[key] == 0:
+            self.live -= self._sizes.pop(key)
+            del self._owners[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else (a,))]
+        inputs = {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor) and not t.is_meta}
+        out = func(*args, **kwargs)
+        for t in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                self._track(t, inputs)
+        return out
+
+
+def peak_above_resident(fn: Callable[[], object], device: torch.device | str) -> int:
+    """Peak bytes ``fn`` needs above what was resident before it: CUDA allocator statistics on a GPU,
+    :class:`LivePeak` elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.empty_cache()
+        resident = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - resident
+    with LivePeak() as tracker:
+        fn()
+    return tracker.peak
