@@ -1,0 +1,523 @@
+"""Section 2, batching: the batch curve, its knee, and static vs continuous batching.
+
+Three pieces, all usable without pytest:
+
+- **The batch curve.** :func:`decode_step` builds, for a batch of ``B`` requests that each hold a
+  ``context``-token KV cache, a callable that decodes one token for all of them (one forward pass
+  of a transformers model over a real ``DynamicCache``). Timed at B = 1, 2, 4, ..., it gives the
+  per-step latency (what every request in the step waits) and the throughput B / latency;
+  :func:`curve` tabulates them and :func:`knee` finds the first doubling whose throughput gain
+  falls below a threshold, from the measured numbers.
+- **The workload.** :func:`skewed_lengths`: 64 output lengths with exactly the chapter's median
+  (18), maximum (231) and total (1,874), drawn deterministically from a seeded log-normal.
+- **Two schedulers.** :func:`simulate` runs static or continuous batching over the lengths with a
+  per-step cost that depends only on the number of occupied slots (measured on the machine);
+  :func:`run_policies` runs both policies for real: a scheduler over real decode steps of a model
+  with a real batched KV cache whose rows are refilled (continuous) or padded (static);
+  :func:`validate` runs both and simulates both with step costs probed on the same model during
+  the run, so the simulation can be checked against reality.
+
+The scheduling model (stated once, used by both the simulation and the real run):
+
+- all requests arrive at t = 0 and queue in a fixed, seeded order;
+- ``slots`` requests decode at a time; one step emits one token for every occupied slot;
+- a request of output length L occupies its slot for exactly L steps (its one-token prompt is
+  consumed by its first step; end-of-sequence is ignored: lengths are imposed, as in a replay);
+- static: the queue is cut into groups of ``slots``; a group runs until its longest member is done;
+  finished members keep their slot and keep decoding as padding (the step cost stays that of a full
+  batch); every member is returned when the group is done;
+- continuous: a slot freed at step s admits the next queued request at step s + 1; when the queue
+  is empty the batch shrinks, and the step cost is that of the occupied slots;
+- the cost of a step depends only on the number of occupied slots (the contexts here are short,
+  at most a few hundred tokens, so attention over the cache is a small part of a step);
+- latency of a request = time from t = 0 (its arrival) until it is returned, so it includes its
+  wait in the queue; the service latency (from admission) is reported beside it;
+- throughput = generated tokens (padding excluded) / time until the last request is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from . import SEED
+from .device import sync
+
+# ----------------------------------------------------------------------------------------------
+# the batch curve
+# ----------------------------------------------------------------------------------------------
+
+
+def _kv_shape(config) -> tuple[int, int, int]:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers, config.num_key_value_heads, head_dim
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None):
+    """Run the block with ``n`` torch intra-op threads (``None``: leave the setting alone).
+
+    On a CPU shared with other work, a multi-threaded matrix product waits at each barrier for a
+    descheduled thread: a [2, 896] x [896, 4864] product then took 24 ms on two threads against
+    3 ms on one. Timing on one thread keeps such machines from inventing a batch curve.
+    """
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def filled_cache(model, batch: int, context: int, seed: int = SEED):
+    """A ``DynamicCache`` holding ``context`` tokens of keys and values for each of ``batch`` requests.
+
+    Keys and values are seeded random numbers of the model's cache shape ``[B, H_kv, context, D]``
+    per layer: the time of a decode step depends on their shape, not their values.
+    """
+    from transformers import DynamicCache
+
+    layers, kv_heads, head_dim = _kv_shape(model.config)
+    p = next(model.parameters())
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        for layer in range(layers):
+            k = torch.randn(batch, kv_heads, context, head_dim, generator=g).to(p.device, p.dtype)  # [B, H, S, D]
+            v = torch.randn(batch, kv_heads, context, head_dim, generator=g).to(p.device, p.dtype)
+            cache.update(k, v, layer)
+    return cache
+
+
+def decode_step(model, batch: int, context: int = 64, seed: int = SEED) -> Callable[[], torch.Tensor]:
+    """One decode step for ``batch`` requests holding ``context`` cached tokens each.
+
+    The returned callable runs one forward pass (one new token per request, at position
+    ``context``) and drops the token it appended, so every call measures the same step.
+    """
+    cache = filled_cache(model, batch, context, seed)
+    p = next(model.parameters())
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(seed)).to(p.device)  # [B, 1]
+    positions = torch.full((batch, 1), context, dtype=torch.long, device=p.device)  # [B, 1]
+
+    def step() -> torch.Tensor:
+        with torch.inference_mode():
+            out = model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True)
+            cache.crop(-1)  # back to ``context`` tokens
+            return out.logits[:, -1].argmax(-1)  # [B]
+
+    return step
+
+
+@dataclass(frozen=True)
+class Point:
+    batch: int
+    latency_s: float  # one step: what every request in the batch waits for its token
+    throughput: float  # tokens per second: batch / latency
+
+    def row(self, base: "Point") -> list[object]:
+        return [self.batch, f"{self.latency_s * 1e3:.1f}", f"{self.throughput:.2f}", f"{self.throughput / base.throughput:.2f}x", f"{self.latency_s / base.latency_s:.2f}x"]
+
+
+CURVE_HEADER = ["batch", "latency per request (ms)", "throughput (tokens/s)", "throughput vs batch 1", "latency vs batch 1"]
+
+
+def curve(step_seconds: Mapping[int, float]) -> list[Point]:
+    """Batch size -> median step time, as points sorted by batch size."""
+    return [Point(b, s, b / s) for b, s in sorted(step_seconds.items())]
+
+
+def gains(points: Sequence[Point], small: int, large: int) -> tuple[float, float]:
+    """(throughput gain, latency gain) from batch ``small`` to batch ``large``."""
+    by = {p.batch: p for p in points}
+    return by[large].throughput / by[small].throughput, by[large].latency_s / by[small].latency_s
+
+
+def knee(points: Sequence[Point], threshold: float = 1.25) -> tuple[int | None, list[tuple[int, int, float]]]:
+    """The knee: the first doubling ``b -> 2b`` whose throughput gain falls below ``threshold``.
+
+    Returns (the batch ``b`` at which the knee starts, or None if every doubling gains at least
+    ``threshold``; the list of (b, 2b, gain) over the measured doublings).
+    """
+    by = {p.batch: p for p in points}
+    doublings = [(b, 2 * b, by[2 * b].throughput / by[b].throughput) for b in sorted(by) if 2 * b in by]
+    for b, _, gain in doublings:
+        if gain < threshold:
+            return b, doublings
+    return None, doublings
+
+
+def both_improve(points: Sequence[Point]) -> list[tuple[int, int]]:
+    """Pairs (smaller batch, larger batch) where the larger one has both more throughput and less latency."""
+    out = []
+    for i, a in enumerate(points):
+        for b in points[i + 1 :]:
+            if b.throughput > a.throughput and b.latency_s < a.latency_s:
+                out.append((a.batch, b.batch))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the workload
+# ----------------------------------------------------------------------------------------------
+
+
+def skewed_lengths(n: int = 64, median: int = 18, longest: int = 231, total: int = 1_874, seed: int = SEED, sigma: float = 0.8) -> list[int]:
+    """``n`` output lengths with exactly this median, maximum and total, in a seeded arrival order.
+
+    Draw a log-normal around ``median`` (``sigma`` sets the skew), sort, pin the two middle values
+    to ``median`` (``n`` even) and the largest to ``longest`` (the only request that long), then
+    move the total to ``total`` by +-1 steps round-robin over the other values, largest first:
+    those above the median stay within [median, longest - 1], those below within [1, median], so
+    the three statistics hold exactly. The order is a seeded permutation (the arrival order).
+    """
+    if n % 2 or n < 4:
+        raise ValueError("n must be even and >= 4 (the median is the mean of the two middle values)")
+    rng = np.random.default_rng(seed)
+    x = np.sort(np.clip(np.rint(median * np.exp(sigma * rng.standard_normal(n))), 1, longest)).astype(int)
+    mid = n // 2
+    x[:mid] = np.minimum(x[:mid], median)
+    x[mid - 1] = x[mid] = median
+    x[mid + 1 :] = np.clip(x[mid + 1 :], median, longest - 1)  # one longest request
+    x[-1] = longest
+    movable = [(i, median, longest - 1) for i in range(n - 2, mid, -1)] + [(i, 1, median) for i in range(mid - 2, -1, -1)]
+    lowest = sum(lo for _, lo, _ in movable) + 2 * median + longest
+    highest = sum(hi for _, _, hi in movable) + 2 * median + longest
+    if not lowest <= total <= highest:
+        raise ValueError(f"no {n} lengths with median {median}, maximum {longest} and total {total}")
+    diff = total - int(x.sum())
+    step = 1 if diff > 0 else -1
+    while diff:  # terminates: the total is reachable within the bounds
+        for i, lo, hi in movable:
+            if diff and lo <= x[i] + step <= hi:
+                x[i] += step
+                diff -= step
+    x = np.sort(x)
+    return [int(v) for v in rng.permutation(x)]
+
+
+def length_stats(lengths: Sequence[int]) -> dict[str, float]:
+    return {"median_len": statistics.median(lengths), "max_len": max(lengths), "total_len": sum(lengths), "requests": len(lengths)}
+
+
+def scaled(lengths: Sequence[int], factor: int) -> list[int]:
+    """Lengths divided by ``factor``, rounded up (>= 1): the same skew, fewer steps."""
+    return [max(1, math.ceil(L / factor)) for L in lengths]
+
+
+# ----------------------------------------------------------------------------------------------
+# static vs continuous batching: the simulation
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    makespan_s: float
+    tokens: int
+    steps: int
+    latency_s: list[float]  # per request, from t = 0 to return, in request order
+    service_s: list[float]  # per request, from admission to return
+    busy_slot_steps: int = 0  # slot-steps that carried a real token
+    padded_slot_steps: int = 0  # slot-steps spent as padding (static only)
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.makespan_s
+
+    @property
+    def mean_latency_s(self) -> float:
+        return statistics.fmean(self.latency_s)
+
+    @property
+    def mean_service_s(self) -> float:
+        return statistics.fmean(self.service_s)
+
+
+def simulate(policy: str, lengths: Sequence[int], slots: int, step_cost: Mapping[int, float]) -> PolicyResult:
+    """Static or continuous batching under the module's scheduling model; ``step_cost[k]`` = seconds of a step with k occupied slots."""
+    if policy == "static":
+        t, steps, latency, service, pad = 0.0, 0, [0.0] * len(lengths), [0.0] * len(lengths), 0
+        for g in range(0, len(lengths), slots):
+            group = range(g, min(g + slots, len(lengths)))
+            longest = max(lengths[i] for i in group)
+            start, t = t, t + longest * step_cost[len(group)]
+            steps += longest
+            pad += sum(longest - lengths[i] for i in group)
+            for i in group:
+                latency[i], service[i] = t, t - start
+        return PolicyResult("static", t, sum(lengths), steps, latency, service, sum(lengths), pad)
+    if policy != "continuous":
+        raise ValueError(f"policy must be static or continuous, not {policy!r}")
+    queue = list(range(len(lengths)))[::-1]
+    active: dict[int, int] = {}  # request -> tokens still to generate
+    admitted: dict[int, float] = {}
+    latency, service = [0.0] * len(lengths), [0.0] * len(lengths)
+    t, steps = 0.0, 0
+    while queue or active:
+        while queue and len(active) < slots:
+            r = queue.pop()
+            active[r], admitted[r] = lengths[r], t
+        t += step_cost[len(active)]
+        steps += 1
+        for r in list(active):
+            active[r] -= 1
+            if active[r] == 0:
+                del active[r]
+                latency[r], service[r] = t, t - admitted[r]
+    return PolicyResult("continuous", t, sum(lengths), steps, latency, service, sum(lengths), 0)
+
+
+def compare(lengths: Sequence[int], slots: int, step_cost: Mapping[int, float]) -> dict[str, float]:
+    """Both policies simulated; ratios continuous over static (throughput) and static over continuous (latency)."""
+    s, c = simulate("static", lengths, slots, step_cost), simulate("continuous", lengths, slots, step_cost)
+    return {
+        "throughput_ratio": c.throughput / s.throughput,
+        "latency_ratio": s.mean_latency_s / c.mean_latency_s,
+        "service_latency_ratio": s.mean_service_s / c.mean_service_s,
+        "static_steps": s.steps,
+        "continuous_steps": c.steps,
+        "static_padding_fraction": s.padded_slot_steps / (s.padded_slot_steps + s.busy_slot_steps),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# static vs continuous batching: the real run
+# ----------------------------------------------------------------------------------------------
+
+
+class SlotBatch:
+    """A real batched KV cache over occupied slots, for one model.
+
+    Rows are requests; keys and values live in a transformers ``DynamicCache`` ([B, H_kv, C, D]
+    per layer), left-padded: every row appends at the same column, and ``mask`` [B, C] marks the
+    columns a row may attend to. A row admitted mid-flight starts with all older columns masked
+    and position 0; columns no row attends to any more are cut away after each step.
+    """
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+        self.requests: list[int] = []
+        self.left: list[int] = []  # tokens still to generate, per row
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, C]
+        self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next position
+        self.tokens = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next input token
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def admit(self, request: int, length: int, prompt_token: int, row: int | None = None) -> None:
+        """Put ``request`` in ``row`` (a finished row is reused) or in a new row."""
+        tok = torch.tensor([prompt_token], device=self.device)
+        if row is None:
+            if self.cache.get_seq_length() > 0:
+                self._select(list(range(len(self))) + [0])  # a new row: a copy of row 0, then reset
+            else:
+                self.mask = torch.zeros(len(self) + 1, 0, dtype=torch.long, device=self.device)
+                self.pos = torch.cat([self.pos, self.pos.new_zeros(1)])
+                self.tokens = torch.cat([self.tokens, tok])
+                self.requests.append(request)
+                self.left.append(length)
+                return
+            row = len(self) - 1
+            self.requests.append(request)
+            self.left.append(length)
+        self.requests[row], self.left[row] = request, length
+        self.mask[row] = 0
+        self.pos[row] = 0
+        self.tokens[row] = tok[0]
+
+    def _select(self, rows: list[int]) -> None:
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        if self.cache.get_seq_length() > 0:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[idx], layer.values[idx]
+        self.mask, self.pos, self.tokens = self.mask[idx], self.pos[idx], self.tokens[idx]
+
+    def drop(self, rows: list[int]) -> None:
+        keep = [i for i in range(len(self)) if i not in set(rows)]
+        self._select(keep)
+        self.requests = [self.requests[i] for i in keep]
+        self.left = [self.left[i] for i in keep]
+
+    def step(self) -> list[int]:
+        """One decode step for every row; returns the rows whose request just finished."""
+        mask = torch.cat([self.mask, self.mask.new_ones(len(self), 1)], dim=1)  # [B, C + 1]
+        with torch.inference_mode():
+            out = self.model(input_ids=self.tokens[:, None], attention_mask=mask, position_ids=self.pos[:, None], cache=self.cache, use_cache=True)
+        self.tokens = out.logits[:, -1].argmax(-1)  # [B] greedy
+        self.mask, self.pos = mask, self.pos + 1
+        self.left = [n - 1 for n in self.left]
+        live = self.mask.any(dim=0)  # columns some row still attends to
+        first = int(live.int().argmax()) if bool(live.any()) else self.mask.shape[1]
+        if first > 0:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask = self.mask[:, first:]
+        return [i for i, n in enumerate(self.left) if n <= 0]
+
+
+def _policy_steps(model, policy: str, lengths: Sequence[int], slots: int, prompts: Sequence[int], out: PolicyResult):
+    """The real scheduler as a generator: one decode step (plus its bookkeeping) per ``next``.
+
+    Time is this policy's own clock: the wall-clock time of its steps only (device synced), so two
+    policies advanced alternately share the machine's load alike. Results are written into ``out``.
+    """
+    dev = next(model.parameters()).device
+    clock = 0.0
+
+    def timed_step(batch: SlotBatch) -> list[int]:
+        nonlocal clock
+        sync(dev)
+        t = time.perf_counter()
+        finished = batch.step()
+        sync(dev)
+        clock += time.perf_counter() - t
+        out.steps += 1
+        return finished
+
+    if policy == "static":
+        for g in range(0, len(lengths), slots):
+            group = list(range(g, min(g + slots, len(lengths))))
+            longest = max(lengths[r] for r in group)
+            batch, start = SlotBatch(model), clock
+            for r in group:
+                batch.admit(r, lengths[r], prompts[r])
+            for _ in range(longest):  # finished rows keep decoding: padding
+                timed_step(batch)
+                yield
+            out.padded_slot_steps += sum(longest - lengths[r] for r in group)
+            for r in group:
+                out.latency_s[r], out.service_s[r] = clock, clock - start
+    elif policy == "continuous":
+        queue = list(range(len(lengths)))[::-1]
+        admitted = [0.0] * len(lengths)
+        batch = SlotBatch(model)
+        while queue and len(batch) < slots:
+            r = queue.pop()
+            batch.admit(r, lengths[r], prompts[r])
+        while len(batch):
+            finished = timed_step(batch)
+            for row in finished:
+                r = batch.requests[row]
+                out.latency_s[r], out.service_s[r] = clock, clock - admitted[r]
+            refill = [row for row in finished if queue]
+            for row in refill:  # a freed slot admits the next queued request at the next step
+                r = queue.pop()
+                batch.admit(r, lengths[r], prompts[r], row=row)
+                admitted[r] = clock
+            if len(refill) < len(finished):
+                batch.drop([row for row in finished if row not in refill])
+            yield
+    else:
+        raise ValueError(f"policy must be static or continuous, not {policy!r}")
+    out.makespan_s = clock
+
+
+def run_policies(
+    model,
+    lengths: Sequence[int],
+    slots: int,
+    policies: Sequence[str] = ("static", "continuous"),
+    probe_context: int = 8,
+    seed: int = SEED,
+) -> tuple[dict[str, PolicyResult], dict[int, list[float]]]:
+    """Static and continuous batching for real: real decode steps, a real batched cache, measured times.
+
+    Each request's prompt is one seeded random token; it generates exactly ``lengths[r]`` tokens
+    greedily (end-of-sequence ignored). The policies advance interleaved and paced so that they
+    span the same stretch of wall-clock time (at each tick the policy least far through its steps
+    moves; the step counts are known in advance, the schedule being deterministic), and after
+    each tick one probe step of k = 1..slots occupied slots (round-robin, a ``probe_context``-token
+    cache each) is timed: the per-step costs the simulation is fed come from the same stretch of
+    time, so a change in the machine's load hits the real runs and the costs alike.
+    Returns the results and the probe samples (seconds) per number of slots.
+    """
+    prompts = torch.randint(0, model.config.vocab_size, (len(lengths),), generator=torch.Generator().manual_seed(seed)).tolist()
+    unit = dict.fromkeys(range(1, slots + 1), 1.0)
+    total = {p: simulate(p, lengths, slots, unit).steps for p in policies}
+    results = {p: PolicyResult(p, 0.0, sum(lengths), 0, [0.0] * len(lengths), [0.0] * len(lengths), sum(lengths)) for p in policies}
+    running = {p: _policy_steps(model, p, lengths, slots, prompts, results[p]) for p in policies}
+    probes = {k: decode_step(model, k, probe_context, seed) for k in range(1, slots + 1)}
+    for k in probes:  # warm-up
+        probes[k]()
+    samples: dict[int, list[float]] = {k: [] for k in probes}
+    dev = next(model.parameters()).device
+    tick = 0
+    while running:
+        p = min(running, key=lambda name: results[name].steps / total[name])
+        if next(running[p], StopIteration) is StopIteration:
+            del running[p]
+            continue
+        k = tick % slots + 1
+        sync(dev)
+        t = time.perf_counter()
+        probes[k]()
+        sync(dev)
+        samples[k].append(time.perf_counter() - t)
+        tick += 1
+    return results, samples
+
+
+@dataclass
+class Validation:
+    simulated: dict[str, float]
+    real: dict[str, float]
+    results: dict[str, PolicyResult] = field(default_factory=dict)
+    step_cost: dict[int, float] = field(default_factory=dict)  # seconds per step, by occupied slots
+
+    @property
+    def throughput_error(self) -> float:
+        """Relative error of the simulated throughput ratio against the real one."""
+        return abs(self.simulated["throughput_ratio"] - self.real["throughput_ratio"]) / self.real["throughput_ratio"]
+
+
+def validate(model, lengths: Sequence[int], slots: int) -> Validation:
+    """Run both policies for real, and simulate them with step costs probed on the same model during the run (medians)."""
+    runs, samples = run_policies(model, lengths, slots)
+    step_cost = {k: statistics.median(v) for k, v in samples.items()}
+    sim = compare(lengths, slots, step_cost)
+    s, c = runs["static"], runs["continuous"]
+    real = {
+        "throughput_ratio": c.throughput / s.throughput,
+        "latency_ratio": s.mean_latency_s / c.mean_latency_s,
+        "service_latency_ratio": s.mean_service_s / c.mean_service_s,
+        "static_steps": s.steps,
+        "continuous_steps": c.steps,
+        "static_s": s.makespan_s,
+        "continuous_s": c.makespan_s,
+    }
+    return Validation(sim, real, {"static": s, "continuous": c}, step_cost)
+
+
+def alternatives(lengths: Sequence[int], slots: int, step_cost: Mapping[int, float], draws: int = 200, seed: int = SEED) -> dict[str, float]:
+    """What the book's numbers would need, for the report.
+
+    - ``mixed_latency_ratio``: static latency from t = 0, continuous latency from admission
+      (its wait in the queue not counted);
+    - the throughput ratio over ``draws`` other seeded workloads with the same median, maximum and
+      total (5th, 50th, 95th percentile), and with the requests queued shortest first.
+    """
+    s, c = simulate("static", lengths, slots, step_cost), simulate("continuous", lengths, slots, step_cost)
+    ratios = sorted(compare(skewed_lengths(len(lengths), seed=seed + 1 + i), slots, step_cost)["throughput_ratio"] for i in range(draws))
+    q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
+    return {
+        "mixed_latency_ratio": s.mean_latency_s / c.mean_service_s,
+        "throughput_ratio_p05": q(0.05),
+        "throughput_ratio_p50": q(0.5),
+        "throughput_ratio_p95": q(0.95),
+        "throughput_ratio_sorted": compare(sorted(lengths), slots, step_cost)["throughput_ratio"],
+        "latency_ratio_sorted": compare(sorted(lengths), slots, step_cost)["latency_ratio"],
+    }

@@ -1,0 +1,69 @@
+"""Section 8 of the chapter: the budget is one sum, weights + KV bytes per token x resident tokens."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from cheapinfer import budget
+from cheapinfer.budget import GIB, MODELS
+
+
+@pytest.mark.claim("BUD-13B-8GB")
+def test_13b_at_4_bits_on_8_gb_leaves_337_tokens(claim):
+    """BUD-13B-8GB: "The weights fit — 6.2 GB of 8 — ... It has 337 tokens of context"."""
+    b = budget.budget("13b", 4.125, 8)
+    claim.note(f"Assumptions: {budget.ASSUMPTIONS}.")
+    claim.verify("arithmetic", weights_gib=b.weights_gib, tokens=b.tokens, weights_bytes=b.weights_bytes)
+
+
+@pytest.mark.claim("BUD-16GB-INT8")
+def test_16_gb_int8_gives_7b_65378_and_13b_3136_tokens(claim):
+    """BUD-16GB-INT8: "The 7B gets 65,378 tokens and the 13B gets 3,136 — a twentyfold difference from 5.6 GB more weights"."""
+    b7, b13 = budget.budget("7b", 8, 16), budget.budget("13b", 8, 16)
+    claim.note(f"Assumptions: {budget.ASSUMPTIONS}.")
+    claim.verify(
+        "arithmetic",
+        tokens_7b=b7.tokens,
+        tokens_13b=b13.tokens,
+        extra_weights_gib=b13.weights_gib - b7.weights_gib,
+        fold=b7.tokens / b13.tokens,
+    )
+
+
+@pytest.mark.claim("BUD-13B-800KB")
+def test_13b_mha_cache_is_800_kb_per_token_vs_128_kb(claim):
+    """BUD-13B-800KB: "the 13B has multi-head attention here and its cache costs 800 KB per token against 128 KB for the 7B"."""
+    claim.verify("arithmetic", bytes_13b=MODELS["13b"].kv_bytes_per_token, bytes_7b=MODELS["7b"].kv_bytes_per_token)
+
+
+@pytest.mark.claim("BUD-TABLES")
+def test_budget_tables_regenerate_the_quoted_cells(claim):
+    """BUD-TABLES: the 8 / 16 / 24 GB tables (lost in the copies): weights and tokens of context per model and precision."""
+    tables = budget.tables()
+    for memory, rows in tables.items():
+        claim.table(f"{memory:g} GB", budget.TABLE_HEADER, budget.table_rows(rows))
+    cell = {(m, b.model, b.bits): b for m, rows in tables.items() for b in rows}
+    claim.note(f"Assumptions: {budget.ASSUMPTIONS}. Cells marked 'does not fit' have weights plus reserve above the memory size.")
+    claim.verify(
+        "arithmetic",
+        cell_8gb_13b_4bit=cell[8.0, "13B", 4.125].tokens,
+        cell_16gb_7b_8bit=cell[16.0, "7B", 8.0].tokens,
+        cell_16gb_13b_8bit=cell[16.0, "13B", 8.0].tokens,
+        cells=sum(len(rows) for rows in tables.values()),
+        monotone_in_memory=all(cell[8.0, k[1], k[2]].tokens <= cell[16.0, k[1], k[2]].tokens <= cell[24.0, k[1], k[2]].tokens for k in cell),
+    )
+
+
+@given(
+    model=st.sampled_from(tuple(MODELS)),
+    bits=st.floats(1.0, 32.0),
+    memory=st.floats(0.5, 512.0),
+)
+def test_budget_is_the_largest_token_count_that_fits(model, bits, memory):
+    """The sum holds: weights + reserve + T x bytes/token <= memory < the same with T + 1 (when the weights fit)."""
+    b = budget.budget(model, bits, memory)
+    total = memory * GIB
+    used = b.weights_bytes + b.reserve_bytes
+    if b.fits:
+        assert used + b.tokens * b.kv_bytes_per_token <= total < used + (b.tokens + 1) * b.kv_bytes_per_token
+    else:
+        assert b.tokens == 0 and used > total
