@@ -37,7 +37,6 @@ The scheduling model (stated once, used by both the simulation and the real run)
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
@@ -58,23 +57,6 @@ from .device import sync
 def _kv_shape(config) -> tuple[int, int, int]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return config.num_hidden_layers, config.num_key_value_heads, head_dim
-
-
-@contextlib.contextmanager
-def cpu_threads(n: int | None):
-    """Run the block with ``n`` torch intra-op threads (``None``: leave the setting alone).
-
-    On a CPU shared with other work, a multi-threaded matrix product waits at each barrier for a
-    descheduled thread: a [2, 896] x [896, 4864] product then took 24 ms on two threads against
-    3 ms on one. Timing on one thread keeps such machines from inventing a batch curve.
-    """
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def filled_cache(model, batch: int, context: int, seed: int = SEED):

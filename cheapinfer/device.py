@@ -54,6 +54,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _timing_threads() -> int:
+    from .timing import TIMING_THREADS
+
+    return TIMING_THREADS or torch.get_num_threads()
+
+
 def _nvidia_driver() -> str:
     try:
         out = subprocess.run(
@@ -75,6 +81,7 @@ def environment() -> dict[str, str]:
         "cpu": _cpu_model(),
         "cpu_count": str(os.cpu_count()),
         "torch_threads": str(torch.get_num_threads()),
+        "timing_threads_cpu": str(_timing_threads()),
         "gpu": torch.cuda.get_device_name(0) if cuda else "none",
         "gpu_memory_gib": f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f}" if cuda else "n/a",
         "driver": _nvidia_driver() if cuda else "n/a",

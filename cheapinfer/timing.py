@@ -7,6 +7,8 @@ warm-up, with the device synchronised before each clock read, and summarised by 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -15,6 +17,26 @@ from typing import Callable, Mapping
 import torch
 
 from .device import sync
+
+
+#: torch intra-op threads while timing on a CPU. One thread: on a CPU shared with other work a
+#: multi-threaded matrix product waits at every barrier for a descheduled thread (a [2, 896] x
+#: [896, 4864] product took 24 ms on two threads against 3 ms on one, and a decode step at
+#: context 1,024 came out 2x slower than at 16 while the machine was busy). One thread gives
+#: ratios that survive a busy machine. ``CHEAPINFER_TIMING_THREADS=0`` leaves torch's default.
+TIMING_THREADS = int(os.environ.get("CHEAPINFER_TIMING_THREADS", "1"))
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None = TIMING_THREADS):
+    """Run the block with ``n`` torch intra-op threads (``None`` or 0: leave the setting alone)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -46,15 +68,17 @@ def interleaved(
     """Time each callable ``rounds`` times, interleaved: a, b, c, a, b, c, ...
 
     Each variant runs ``warmup`` times first (allocator, caches, lazy init). The order within a
-    round rotates so no variant always runs right after the same neighbour.
+    round rotates so no variant always runs right after the same neighbour. On a CPU the block
+    runs with ``TIMING_THREADS`` torch threads.
     """
     names = list(variants)
-    for _ in range(warmup):
-        for name in names:
-            variants[name]()
-    sync(device)
+    threads = TIMING_THREADS if torch.device(device).type == "cpu" else None
     out = {name: Samples(name, []) for name in names}
-    with torch.inference_mode():
+    with torch.inference_mode(), cpu_threads(threads):
+        for _ in range(warmup):
+            for name in names:
+                variants[name]()
+        sync(device)
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for name in order:

@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, strategies as st  # noqa: E402
 
-from cheapinfer import batching, paging  # noqa: E402
+from cheapinfer import batching, paging, timing  # noqa: E402
 from fixtures.plugin import on_profiles  # noqa: E402
 
 CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
@@ -20,8 +20,8 @@ CPU_LENGTH_SCALE = 16
 
 
 def _threads(device: torch.device) -> int | None:
-    """Time CPU steps on one thread (see batching.cpu_threads: shared CPUs distort multi-threaded steps)."""
-    return 1 if device.type == "cpu" else None
+    """CPU steps run on the suite's timing threads (see timing.TIMING_THREADS)."""
+    return timing.TIMING_THREADS if device.type == "cpu" else None
 
 
 def _batch_sizes(device: torch.device) -> list[int]:
@@ -42,8 +42,7 @@ def step_times(_curves, timed, device):
         if profile.name not in _curves:
             sizes = _batch_sizes(device)
             steps = {f"batch={b}": batching.decode_step(profile.model, b, CONTEXT) for b in sizes}
-            with batching.cpu_threads(_threads(device)):
-                samples = timed(steps, rounds=ROUNDS, warmup=1)
+            samples = timed(steps, rounds=ROUNDS, warmup=1)
             _curves[profile.name] = {b: samples[f"batch={b}"].median for b in sizes}
         return _curves[profile.name]
 
@@ -131,7 +130,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     # Validation: both policies for real on the stand-in, and the simulation fed with its step costs.
     scale = 1 if device.type == "cuda" else CPU_LENGTH_SCALE
     short = batching.scaled(lengths, scale)
-    with batching.cpu_threads(_threads(device)):
+    with timing.cpu_threads(_threads(device)):
         v = batching.validate(stand_in.model, short, SLOTS)
     stand_cost = v.step_cost
 
