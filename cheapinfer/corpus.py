@@ -1,0 +1,63 @@
+"""The perplexity corpus: a fixed public-domain English prose text, cleaned deterministically.
+
+The default text is the pinned artifact ``artifacts.CORPUS``: the article "Shakespeare, William" of
+the Encyclopaedia Britannica, 11th edition (1911), as OCR text. ``--corpus PATH`` replaces it with
+any plain-text file; the same cleaning applies.
+
+Cleaning (pure function of the text, no randomness):
+
+1. drop the transcription's markdown headers (lines starting with ``#``: ``## ...``,
+   ``### START: ED4A800_0.tif.txt ###``, ``#### Source: ...``);
+2. drop page markers (lines like ``p.772:0``);
+3. join words hyphenated across a line break (``South-\\nampton`` -> ``Southampton``);
+4. collapse every run of whitespace (newlines included) to one space.
+
+Held-out tokens: the first ``HELD_OUT + 1`` tokens of the cleaned text (the opening of the article,
+continuous biography prose; its end is an OCR-damaged bibliography, which is avoided), tokenized
+without special tokens. The first token is context only, so exactly ``HELD_OUT`` tokens are predicted.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from . import artifacts
+
+#: Tokens whose prediction is scored.
+HELD_OUT = 2_048
+
+_HEADER = re.compile(r"^\s*#.*$", re.MULTILINE)
+_PAGE = re.compile(r"^\s*p\.\d+:\d+\s*$", re.MULTILINE)
+_HYPHEN_BREAK = re.compile(r"(\w)-[ \t]*\n[ \t]*(\w)")
+_SPACE = re.compile(r"\s+")
+
+
+def clean(text: str) -> str:
+    """The cleaned corpus text (see the module docstring for the four rules)."""
+    text = text.replace("\r\n", "\n")
+    text = _HEADER.sub("", text)
+    text = _PAGE.sub("", text)
+    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    return _SPACE.sub(" ", text).strip()
+
+
+def raw_text(path: str | Path | None = None) -> str:
+    """The uncleaned text: ``path`` if given, else the pinned artifact (fetched and hash-checked)."""
+    source = Path(path).expanduser() if path else artifacts.fetch(artifacts.CORPUS)
+    return source.read_text(encoding="utf-8")
+
+
+def describe(path: str | Path | None = None) -> str:
+    """Where the corpus came from, for the report."""
+    return str(path) if path else f"{artifacts.CORPUS.requirement}: {artifacts.CORPUS.description}"
+
+
+def held_out_ids(tokenizer, text: str, n: int = HELD_OUT) -> torch.Tensor:
+    """The first ``n + 1`` token ids of ``text`` (already cleaned), as a 1-D long tensor ``[n + 1]``."""
+    ids = tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    if len(ids) < n + 1:
+        raise ValueError(f"the corpus has {len(ids):,} tokens under this tokenizer; perplexity needs at least {n + 1:,}")
+    return torch.tensor(ids[: n + 1], dtype=torch.long)

@@ -1,0 +1,68 @@
+"""Section 7 of the chapter: distillation's soft labels and temperature.
+
+The teacher's next-token distribution after a prompt (softmax of the last position's logits, no
+special tokens added beyond what the tokenizer adds by default), and what dividing the logits by a
+temperature T does to it: for any two tokens, p_i / p_j = exp((z_i - z_j) / T), so at T = 2 every
+probability ratio becomes the square root of its T = 1 value and the order is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MILK_PROMPT = "She poured the milk into the"
+BOOK_WORDS = (" jug", " cup", " bowl", " large", " milk")
+
+
+@torch.no_grad()
+def next_token_logits(model, tokenizer, prompt: str = MILK_PROMPT) -> torch.Tensor:
+    """Logits of the token after ``prompt`` (fp32). ``[V]``"""
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]], device=next(model.parameters()).device)
+    return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
+
+
+def distribution(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """softmax(logits / T). ``[V]``"""
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+@dataclass
+class WordProb:
+    word: str
+    token_ids: list[int]
+    prob: float  # probability of the word's first token
+    rank: int  # 1-based rank of that token
+
+
+def word_probabilities(logits: torch.Tensor, tokenizer, words=BOOK_WORDS) -> list[WordProb]:
+    """Probability of each word's first token (a word that is one token in the book's tokenizer may be more here)."""
+    p = distribution(logits)
+    order = torch.argsort(p, descending=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(1, p.numel() + 1)
+    out = []
+    for w in words:
+        ids = tokenizer(w, add_special_tokens=False)["input_ids"]
+        out.append(WordProb(w, ids, float(p[ids[0]]), int(rank[ids[0]])))
+    return out
+
+
+def top_k(logits: torch.Tensor, tokenizer, k: int = 5) -> list[tuple[str, float]]:
+    p = distribution(logits)
+    values, ids = torch.topk(p, k)
+    return [(tokenizer.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
+
+
+def rank_ratio(probs: torch.Tensor, first: int = 1, other: int = 3) -> float:
+    """p(rank ``first``) / p(rank ``other``), ranks 1-based by descending probability."""
+    ordered = torch.sort(probs, descending=True).values
+    return float(ordered[first - 1] / ordered[other - 1])
+
+
+def order_unchanged(logits: torch.Tensor, temperature: float, k: int | None = None) -> bool:
+    """The descending order of the (top ``k``) probabilities is the same at T = 1 and at ``temperature``."""
+    a = torch.argsort(distribution(logits), descending=True, stable=True)
+    b = torch.argsort(distribution(logits, temperature), descending=True, stable=True)
+    return bool(torch.equal(a[:k], b[:k]) if k else torch.equal(a, b))

@@ -1,0 +1,237 @@
+"""Section 6 of the chapter: speculative decoding.
+
+- The arithmetic: expected tokens kept per target pass, ``E = (1 - a^(g+1)) / (1 - a)``
+  (Leviathan et al. 2023, eq. 1, with i.i.d. acceptance a and draft length g), and the net speedup
+  ``E / (g c + 1)`` where c is the draft's cost per token as a fraction of the target's.
+- A Monte Carlo simulation of the same process (a pass keeps the leading accepted proposals plus
+  one token of the target's own).
+- The modified acceptance rule for sampling: accept a draft token x ~ q with probability
+  ``min(1, p(x) / q(x))``, else sample from ``norm(max(0, p - q))``; the output is distributed as p.
+- A real greedy speculative loop over two transformers causal LMs (batch 1): the draft proposes g
+  tokens greedily, one at a time from its own KV cache; the target scores all of them in one
+  forward pass from its KV cache; the longest prefix on which the draft's token equals the target's
+  argmax is kept, plus the target's token after it (a correction, or a bonus token when all g were
+  accepted). Both caches are then cropped back to the kept sequence (``Cache.crop``).
+  Invariant: each cache holds the key/values of a prefix of the kept sequence; what it lacks is fed
+  at its next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+# ------------------------------------------------------------------------------------------------
+# arithmetic
+# ------------------------------------------------------------------------------------------------
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens kept per target pass: (1 - a^(g+1)) / (1 - a); g + 1 at a = 1."""
+    if alpha == 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def speedup(alpha: float, gamma: int, c: float) -> float:
+    """Net speedup over plain decoding: E / (g c + 1), a draft pass costing c target passes."""
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+def implied_c(printed_speedup: float, alpha: float, gamma: int) -> float:
+    """The draft cost c that makes ``speedup(alpha, gamma, c)`` equal the printed value."""
+    return (expected_tokens(alpha, gamma) / printed_speedup - 1.0) / gamma
+
+
+def implied_c_interval(printed_speedup: float, alpha: float, gamma: int, half_ulp: float) -> tuple[float, float]:
+    """The range of c consistent with a speedup printed to +- ``half_ulp``."""
+    return implied_c(printed_speedup + half_ulp, alpha, gamma), implied_c(printed_speedup - half_ulp, alpha, gamma)
+
+
+def simulate_tokens_per_pass(alpha: float, gamma: int, passes: int, rng: np.random.Generator) -> np.ndarray:
+    """Tokens kept in each of ``passes`` simulated passes: leading accepted proposals + 1. ``[passes]``"""
+    accepted = rng.random((passes, gamma)) < alpha  # [passes, gamma]
+    leading = np.cumprod(accepted, axis=1).sum(axis=1)  # accepted before the first rejection
+    return leading + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# the sampling rule
+# ------------------------------------------------------------------------------------------------
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) over the last dimension (p where p == q everywhere, never used then)."""
+    r = (p - q).clamp_min(0)
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp_min(torch.finfo(p.dtype).tiny), p)
+
+
+def output_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Closed form of the rule's output law: P(x) = q(x) min(1, p/q) + P(reject) r(x)."""
+    kept = torch.minimum(p, q)  # q(x) * min(1, p(x)/q(x))
+    return kept + (1 - kept.sum(-1, keepdim=True)) * residual(p, q)
+
+
+def speculative_sample(p: torch.Tensor, q: torch.Tensor, draws: int, generator: torch.Generator) -> torch.Tensor:
+    """``draws`` independent outputs of one speculative position with target p and draft q (``[V]`` each)."""
+    x = torch.multinomial(q, draws, replacement=True, generator=generator)  # [draws] draft proposals
+    u = torch.rand(draws, generator=generator, dtype=p.dtype)
+    accept = u < torch.clamp(p[x] / q[x], max=1.0)
+    y = torch.multinomial(residual(p, q), draws, replacement=True, generator=generator)  # [draws] resamples
+    return torch.where(accept, x, y)
+
+
+# ------------------------------------------------------------------------------------------------
+# the greedy loop
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    tokens: list[int]  # the generated continuation
+    target_passes: int = 0
+    draft_passes: int = 0
+    proposed: int = 0  # draft tokens proposed
+    evaluated: int = 0  # proposals compared with the target's choice on the target's prefix
+    accepted: int = 0  # proposals kept
+    kept_per_pass: list[int] = field(default_factory=list)
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate: accepted over evaluated proposals (proposals after a rejection are never judged)."""
+        return self.accepted / self.evaluated if self.evaluated else float("nan")
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _forward(model, tokens: Sequence[int], cache, keep: int) -> torch.Tensor:
+    """Feed ``tokens`` after what ``cache`` holds; the argmax at the last ``keep`` positions. ``[keep]``"""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # [1, n]
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[0, -keep:].argmax(-1).cpu()  # [keep]
+
+
+def _crop_to(cache, length: int) -> None:
+    """Keep the first ``length`` positions of ``cache`` (``Cache.crop`` takes minus the number to remove)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def _eos_ids(model) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+
+
+@torch.no_grad()
+def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: int = 4, stop_at_eos: bool = True) -> Run:
+    """Greedy decoding of ``new_tokens`` tokens, speculative when a ``draft`` is given.
+
+    Without a draft (or with ``gamma=0``) this is plain cached greedy decoding through the same code,
+    which is what the wall-clock comparison needs.
+    """
+    seq = list(prompt)
+    start = len(seq)
+    eos = _eos_ids(target) if stop_at_eos else set()
+    t_cache = _new_cache(target)
+    d_cache = _new_cache(draft) if draft is not None else None
+    run = Run(tokens=[])
+    while len(seq) - start < new_tokens:
+        remaining = new_tokens - (len(seq) - start)
+        g = min(gamma, remaining - 1) if draft is not None else 0
+        proposals: list[int] = []
+        if g > 0:
+            feed = seq[d_cache.get_seq_length():]  # what the draft cache lacks (>= 1 token)
+            for _ in range(g):
+                proposals.append(int(_forward(draft, feed, d_cache, 1)[0]))
+                run.draft_passes += 1
+                feed = proposals[-1:]
+        t_choice = _forward(target, seq[t_cache.get_seq_length():] + proposals, t_cache, g + 1).tolist()  # [g + 1]
+        run.target_passes += 1
+        n = 0
+        while n < g and proposals[n] == t_choice[n]:
+            n += 1
+        run.proposed += g
+        run.accepted += n
+        run.evaluated += n + (1 if n < g else 0)
+        kept = proposals[:n] + [t_choice[n]]
+        for i, tok in enumerate(kept):
+            if tok in eos:
+                kept = kept[: i + 1]
+                break
+        run.kept_per_pass.append(len(kept))
+        seq.extend(kept)
+        _crop_to(t_cache, len(seq) - 1)
+        if d_cache is not None:
+            _crop_to(d_cache, len(seq) - 1)
+        if kept[-1] in eos:
+            break
+    run.tokens = seq[start:]
+    return run
+
+
+@torch.no_grad()
+def assisted_generate(target, draft, prompt: Sequence[int], new_tokens: int) -> list[int]:
+    """transformers' own assisted generation (greedy, no repetition penalty), for comparison."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        assistant_model=draft,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        repetition_penalty=1.0,
+        max_new_tokens=new_tokens,
+        pad_token_id=target.generation_config.pad_token_id if target.generation_config.pad_token_id is not None else 0,
+    )
+    return out[0, ids.shape[1]:].tolist()
+
+
+# ------------------------------------------------------------------------------------------------
+# the cost of verification
+# ------------------------------------------------------------------------------------------------
+
+
+def verify_callables(model, context: int, widths: Sequence[int], seed: int) -> dict[str, Callable[[], object]]:
+    """One callable per width k: a forward pass over k new positions after a cached ``context``.
+
+    Each call feeds k random tokens after the prefilled cache and crops the cache back, so every
+    call sees the same ``context`` tokens of history. Keys are ``"k=<width>"``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    device = next(model.parameters()).device
+    cache = _new_cache(model)
+    with torch.no_grad():
+        model(input_ids=torch.randint(vocab, (1, context), generator=g).to(device), cache=cache, use_cache=True, logits_to_keep=1)
+    fresh = {k: torch.randint(vocab, (1, k), generator=g).to(device) for k in widths}
+
+    def make(k: int) -> Callable[[], object]:
+        def step() -> object:
+            with torch.no_grad():
+                out = model(input_ids=fresh[k], cache=cache, use_cache=True, logits_to_keep=k)
+            _crop_to(cache, context)
+            return out
+
+        return step
+
+    return {f"k={k}": make(k) for k in widths}
+
+
+def grid(alphas: Sequence[float], gammas: Sequence[int], c: float) -> list[list[float]]:
+    """Rows over alpha, columns over gamma: (E, speedup) pairs flattened as E then speedup per gamma."""
+    return [[v for g in gammas for v in (expected_tokens(a, g), speedup(a, g, c))] for a in alphas]

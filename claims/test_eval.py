@@ -1,0 +1,151 @@
+"""Section 5 of the chapter: does quantization hurt? One table, seven schemes, three columns.
+
+The table (perplexity on 2,048 held-out tokens, a 16-question battery, agreement on 144 positions)
+is built once per profile by the ``evaluation_table`` fixture; each claim below reads its rows.
+"""
+
+import pytest
+
+from cheapinfer import evaluation
+from fixtures.plugin import on_profiles
+
+INT4 = ("int4-tensor", "int4-row", "int4-g128", "nf4")
+
+
+def _ppls(table, schemes):
+    return {f"ppl_{s.replace('-', '_')}": table.ppl(s) for s in schemes}
+
+
+@pytest.mark.claim("EVAL-TABLE")
+@on_profiles("stand-in", "book")
+def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evaluation_table, corpus_source):
+    """EVAL-TABLE: "perplexity on 2,048 held-out tokens of English prose, a battery of 16 short factual
+    questions under greedy decoding, and the fraction of tokens on which the quantized model agrees"."""
+    table = evaluation_table(profile)
+    claim.table(f"Does quantization hurt? ({profile.name})", table.header(), table.table_rows())
+    claim.note(
+        f"Corpus: {corpus_source}, cleaned (headers, page markers, hyphenated line breaks, whitespace); the first "
+        f"{table.tokens:,} predicted tokens of the article. Perplexity: token-level exp(mean NLL), "
+        f"{evaluation.WINDOWS} non-overlapping windows of {evaluation.WINDOW} tokens (stride {evaluation.WINDOW}) in one batch, "
+        f"each window restarting its context. Battery: {len(evaluation.BATTERY)} questions through the chat template, greedy, "
+        f"first {evaluation.ANSWER_TOKENS} tokens, stock repetition penalty {table.stock_penalty:g}"
+        + (" (this model's generation config sets none, so the 'penalty off' column repeats the stock one)" if table.stock_penalty == 1.0 else "")
+        + f". Agreement: {len(table.continuations)} prompts x {evaluation.AGREEMENT_TOKENS} reference greedy tokens, teacher-forced."
+    )
+    claim.verify(
+        profile.name,
+        schemes=len(table.rows),
+        tokens=table.tokens,
+        questions=table["reference"].battery.n,
+        positions=table["reference"].positions,
+        reference_self_agreement=table["reference"].agree,
+        seconds_per_scheme={s: round(t, 1) for s, t in table.seconds.items()},
+        **_ppls(table, table.rows),
+    )
+
+
+@pytest.mark.claim("EVAL-INT8-FREE")
+@on_profiles("stand-in", "book")
+def test_per_row_int8_is_free(claim, profile, evaluation_table):
+    """EVAL-INT8-FREE: "Per-row INT8 ... 22.24 against 22.18 ... agrees with the full-precision model on 142 of 144 tokens"."""
+    table = evaluation_table(profile)
+    ref, row = table["reference"], table["int8-row"]
+    claim.verify(
+        profile.name,
+        ppl_ref=ref.ppl,
+        ppl_int8_row=row.ppl,
+        ppl_gap_rel=abs(row.ppl / ref.ppl - 1),
+        ppl_gap_sign="+" if row.ppl >= ref.ppl else "-",
+        agreement=row.agree,
+        agreement_frac=row.agreement,
+        positions=row.positions,
+    )
+
+
+@pytest.mark.claim("EVAL-INT8-TENSOR")
+@on_profiles("stand-in", "book")
+def test_per_tensor_int8_costs_half_a_point_and_no_answers(claim, profile, evaluation_table):
+    """EVAL-INT8-TENSOR: "one scale per matrix costs 0.5 perplexity points and no answers in the battery"."""
+    table = evaluation_table(profile)
+    ref, t8 = table["reference"], table["int8-tensor"]
+    claim.verify(
+        profile.name,
+        ppl_cost=t8.ppl - ref.ppl,
+        ppl_ratio=t8.ppl / ref.ppl,
+        battery_ref=ref.battery.score,
+        battery_int8_tensor=t8.battery.score,
+        battery_net_change=abs(t8.battery.score - ref.battery.score),
+        battery_lost=sum(r and not q for r, q in zip(ref.battery.correct, t8.battery.correct)),
+        agreement=t8.agree,
+    )
+
+
+@pytest.mark.claim("EVAL-INT4-COLLAPSE")
+@on_profiles("stand-in", "book")
+def test_per_tensor_int4_destroys_the_model(claim, profile, evaluation_table):
+    """EVAL-INT4-COLLAPSE: "INT4 with one scale per tensor destroys the model. Perplexity 365 million"."""
+    table = evaluation_table(profile)
+    claim.verify(
+        profile.name,
+        ppl=table.ppl("int4-tensor"),
+        ppl_ratio=table.ppl("int4-tensor") / table.ppl("reference"),
+        battery=table["int4-tensor"].battery.score,
+        agreement=table["int4-tensor"].agree,
+    )
+
+
+@pytest.mark.claim("EVAL-GRANULARITY")
+@on_profiles("stand-in", "book")
+def test_granularity_orders_the_four_bit_schemes(claim, profile, evaluation_table):
+    """EVAL-GRANULARITY: "per-tensor 365,416,000, per-row 46.18, per-group-of-128 31.08, NF4 24.55 ... a factor of fifteen million"."""
+    table = evaluation_table(profile)
+    ppl = [table.ppl(s) for s in INT4]
+    claim.verify(
+        profile.name,
+        granularity_order=ppl[0] > ppl[1] > ppl[2],
+        nf4_best=ppl[3] < ppl[2],
+        worst_over_best=max(ppl) / min(ppl),
+        **_ppls(table, INT4),
+    )
+
+
+@pytest.mark.claim("EVAL-NOISE")
+@on_profiles("stand-in", "book")
+def test_one_question_in_sixteen_distinguishes_nothing(claim, profile, evaluation_table):
+    """EVAL-NOISE: "the perplexity gap is 6.5 points and the battery differs by one question ... one question in sixteen distinguishes nothing"."""
+    table = evaluation_table(profile)
+    nf4, g128 = table["nf4"], table["int4-g128"]
+    ci = {s: evaluation.binomial_interval(table[s].battery.score, table[s].battery.n) for s in ("nf4", "int4-g128")}
+    disjoint = ci["nf4"][0] > ci["int4-g128"][1] or ci["int4-g128"][0] > ci["nf4"][1]
+    stock_order = (nf4.battery.score > g128.battery.score) - (nf4.battery.score < g128.battery.score)
+    off_order = (nf4.battery_no_penalty.score > g128.battery_no_penalty.score) - (nf4.battery_no_penalty.score < g128.battery_no_penalty.score)
+    if table.stock_penalty == 1.0:
+        claim.note(f"{profile.name}: its generation config has no repetition penalty, so turning it off changes nothing and no swap can appear.")
+    claim.verify(
+        profile.name,
+        ppl_gap=g128.ppl - nf4.ppl,
+        battery_gap=abs(nf4.battery.score - g128.battery.score),
+        battery_nf4=nf4.battery.score,
+        battery_g128=g128.battery.score,
+        interval_nf4=[round(v, 3) for v in ci["nf4"]],
+        interval_g128=[round(v, 3) for v in ci["int4-g128"]],
+        battery_distinguishes=disjoint,
+        rows_swap_without_penalty=stock_order != 0 and off_order == -stock_order,
+        battery_no_penalty_nf4=nf4.battery_no_penalty.score,
+        battery_no_penalty_g128=g128.battery_no_penalty.score,
+    )
+
+
+@pytest.mark.claim("EVAL-AGREEMENT")
+@on_profiles("stand-in", "book")
+def test_agreement_orders_schemes_like_perplexity(claim, profile, evaluation_table):
+    """EVAL-AGREEMENT: "144 independent observations instead of 16, no ground truth needed, and it degrades smoothly"."""
+    table = evaluation_table(profile)
+    schemes = list(table.rows)
+    claim.verify(
+        profile.name,
+        discordant_pairs=evaluation.discordant_pairs(table, schemes, min_ppl_gap=0.05),
+        kendall_tau=evaluation.kendall_tau(table, schemes),
+        agreement={s: table[s].agree for s in schemes},
+        positions=table["reference"].positions,
+    )

@@ -1,0 +1,271 @@
+"""Section 6 of the chapter: speculative decoding.
+
+The arithmetic (expected tokens, net speedup, the book's two worked numbers), the sampling rule,
+and a real greedy speculative loop with every quantized stand-in as draft for the reference.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, strategies as st
+from scipy import stats
+
+from cheapinfer import SEED, evaluation, registry, speculative as spec
+from cheapinfer.quant import SCHEMES
+from fixtures.evaluation import SPEC_GAMMA
+from fixtures.plugin import on_profiles
+
+ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+GAMMAS = (1, 2, 4, 8)
+DRAFTS = SCHEMES[1:]
+alpha_st = st.floats(min_value=0.0, max_value=0.999, allow_nan=False)
+gamma_st = st.integers(min_value=1, max_value=16)
+
+
+@pytest.mark.claim("SPEC-VERIFY-COST")
+def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
+    """SPEC-VERIFY-COST: "verifying a proposed sequence of gamma tokens costs one forward pass over gamma positions, barely more than the pass over one"."""
+    context = 128
+    variants = spec.verify_callables(twin.model, context, widths=(1, 5, 9), seed=SEED)
+    samples = timed(variants, rounds=5, warmup=1)
+    one = samples["k=1"].median
+    claim.verify(
+        "twin",
+        cost=samples["k=5"].median / one,
+        cost_gamma8=samples["k=9"].median / one,
+        cost_per_position_gamma8=samples["k=9"].median / (9 * one),
+        seconds_one_position=one,
+        seconds_5_positions=samples["k=5"].median,
+        seconds_9_positions=samples["k=9"].median,
+        context=context,
+        dtype=str(twin.dtype),
+    )
+
+
+@pytest.mark.claim("SPEC-EXACT-GREEDY")
+@pytest.mark.slow
+@on_profiles("stand-in", "book")
+def test_greedy_speculation_yields_the_targets_tokens(claim, profile, reference_continuations, speculative_runs, quantized_variant):
+    """SPEC-EXACT-GREEDY: "with greedy decoding that is obvious: a token is only accepted if the target would have produced it"."""
+    conts = reference_continuations(profile)
+    runs = speculative_runs(profile)
+    same = {d: all(r.tokens == c.tokens for r, c in zip(runs[d], conts)) for d in DRAFTS}
+    # transformers' own assisted generation, on the first prompt, with the best and a middling draft
+    first = conts[0]
+    assisted = {}
+    for d in ("int8-row", "nf4"):
+        draft = quantized_variant(profile, d)
+        assisted[d] = spec.assisted_generate(profile.model, draft, first.prompt, 24) == first.tokens[:24]
+    claim.note(
+        f"Speculative loop: draft proposes gamma = {SPEC_GAMMA} tokens greedily from its KV cache, the target verifies them in one "
+        "cached forward pass, both caches are cropped to the kept sequence. Compared token by token with the target's plain "
+        "greedy generate() on 3 prompts x 48 tokens, and on the first prompt (24 tokens) with transformers' assisted generation."
+    )
+    claim.verify(
+        profile.name,
+        identical=all(same.values()) and all(assisted.values()),
+        identical_per_draft=same,
+        assisted_identical=assisted,
+        tokens_compared=sum(len(c.tokens) for c in conts),
+    )
+
+
+@pytest.mark.claim("SPEC-EXACT-SAMPLING")
+def test_modified_acceptance_rule_samples_the_target(claim):
+    """SPEC-EXACT-SAMPLING: "with sampling it requires a modified acceptance rule, and Leviathan et al. prove the resulting distribution is exactly the target's"."""
+
+    @given(st.lists(st.floats(0.01, 1.0), min_size=2, max_size=12), st.lists(st.floats(0.01, 1.0), min_size=2, max_size=12))
+    def law_is_target(pw, qw):
+        n = min(len(pw), len(qw))
+        p = torch.tensor(pw[:n], dtype=torch.float64)
+        q = torch.tensor(qw[:n], dtype=torch.float64)
+        p, q = p / p.sum(), q / q.sum()
+        assert torch.allclose(spec.output_distribution(p, q), p, atol=1e-12)
+
+    law_is_target()
+    vocab, draws = 8, 400_000
+    g = torch.Generator().manual_seed(SEED)
+    p = torch.rand(vocab, generator=g, dtype=torch.float64) ** 2  # squared uniforms: uneven, some small
+    q = torch.rand(vocab, generator=g, dtype=torch.float64) ** 2
+    p, q = p / p.sum(), q / q.sum()
+    out = spec.speculative_sample(p, q, draws, g)
+    counts = torch.bincount(out, minlength=vocab).double()
+    chi2 = stats.chisquare(counts.numpy(), (draws * p).numpy())
+    tv = 0.5 * float((counts / draws - p).abs().sum())
+    naive = torch.bincount(torch.multinomial(q, draws, replacement=True, generator=g), minlength=vocab).double()
+    claim.note(
+        f"Vocabulary {vocab}, p and q drawn once from the suite seed, {draws:,} independent speculative positions; "
+        f"chi-square goodness of fit against p (alpha = 0.001) and total variation distance. Keeping every draft token instead "
+        f"would give TV {0.5 * float((naive / draws - p).abs().sum()):.3f} (TV(p, q) = {0.5 * float((p - q).abs().sum()):.3f})."
+    )
+    claim.verify(
+        "arithmetic",
+        exact=bool(chi2.pvalue >= 1e-3 and tv < 0.01),
+        chi2_pvalue=float(chi2.pvalue),
+        tv=tv,
+        tv_p_q=0.5 * float((p - q).abs().sum()),
+        acceptance=float(torch.minimum(p, q).sum()),
+    )
+
+
+@pytest.mark.claim("SPEC-EXPECTED")
+def test_expected_tokens_per_pass(claim):
+    """SPEC-EXPECTED: "the expected number of tokens accepted per verification pass, at draft length gamma, is (1 - a^(g+1)) / (1 - a)"."""
+
+    @given(alpha_st, gamma_st)
+    def geometric_sum(alpha, gamma):
+        e = spec.expected_tokens(alpha, gamma)
+        assert e == pytest.approx(sum(alpha**k for k in range(gamma + 1)), rel=1e-9)
+        assert 1.0 <= e <= gamma + 1
+        assert spec.expected_tokens(alpha, gamma + 1) >= e
+
+    geometric_sum()
+    rng = np.random.default_rng(SEED)
+    passes = 200_000
+    z = {}
+    for a in ALPHAS:
+        for g in GAMMAS:
+            kept = spec.simulate_tokens_per_pass(a, g, passes, rng)
+            z[f"a={a},g={g}"] = (kept.mean() - spec.expected_tokens(a, g)) / (kept.std(ddof=1) / np.sqrt(passes))
+    claim.verify("arithmetic", max_abs_z=float(max(abs(v) for v in z.values())), cells=len(z), passes_per_cell=passes)
+
+
+@pytest.mark.claim("SPEC-SPEEDUP")
+def test_net_speedup_divides_by_the_drafts_cost(claim):
+    """SPEC-SPEEDUP: "the net speedup divides that by the draft's own cost, a fraction c of the target per token"."""
+
+    @given(alpha_st, gamma_st, st.floats(0.0, 1.0))
+    def speedup_properties(alpha, gamma, c):
+        s = spec.speedup(alpha, gamma, c)
+        assert s == pytest.approx(spec.expected_tokens(alpha, gamma) / (gamma * c + 1), rel=1e-12)
+        assert spec.speedup(alpha, gamma, 0.0) == pytest.approx(spec.expected_tokens(alpha, gamma))
+        assert spec.speedup(alpha, gamma, min(1.0, c + 0.1)) <= s
+        assert spec.implied_c(s, alpha, gamma) == pytest.approx(c, abs=1e-9)
+
+    speedup_properties()
+    # Monte Carlo: generate 100,000 tokens pass by pass; cost = passes x (gamma c + 1) target-pass units
+    rng = np.random.default_rng(SEED)
+    c, want = 0.2, 100_000
+    errors = {}
+    for a in ALPHAS:
+        for g in GAMMAS:
+            kept = spec.simulate_tokens_per_pass(a, g, want, rng)  # more passes than needed
+            passes = int(np.searchsorted(np.cumsum(kept), want)) + 1
+            measured = kept[:passes].sum() / (passes * (g * c + 1))
+            errors[(a, g)] = abs(measured / spec.speedup(a, g, c) - 1)
+    header = ["alpha"] + [f"{h} g={g}" for g in GAMMAS for h in ("E", "x")]
+    rows = [[f"{a:.2f}"] + [f"{v:.2f}" for v in row] for a, row in zip(ALPHAS, spec.grid(ALPHAS, GAMMAS, c))]
+    claim.table(f"Expected tokens per pass (E) and net speedup (x) over alpha x gamma, c = {c}", header, rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    fine = np.linspace(0.0, 0.99, 100)
+    for g in GAMMAS:
+        ax.plot(fine, [spec.speedup(a, g, c) for a in fine], label=f"gamma = {g}")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xlabel("acceptance rate alpha")
+    ax.set_ylabel(f"net speedup (c = {c})")
+    ax.set_title("Speculative decoding: speedup over alpha x gamma")
+    ax.legend()
+    claim.figure("spec-speedup-grid", fig)
+    claim.verify("arithmetic", max_rel_err=max(errors.values()), c=c, tokens_per_cell=want)
+
+
+@pytest.mark.claim("SPEC-SLOWDOWN")
+def test_low_acceptance_makes_generation_slower(claim):
+    """SPEC-SLOWDOWN: "at 30% acceptance with a draft costing one fifth of the target, you pay for five forward passes and keep 1.4 tokens"."""
+    book = registry.get("SPEC-SLOWDOWN").book
+    alpha, gamma, c, printed = 0.3, 4, book["c"], book["speedup"]
+    s = spec.speedup(alpha, gamma, c)
+    lo, hi = spec.implied_c_interval(printed, alpha, gamma, 0.005)
+    claim.note(f"c implied by the printed {printed} at alpha = 0.3, gamma = 4: {spec.implied_c(printed, alpha, gamma):.4f} ({printed} +- 0.005 allows {lo:.3f}..{hi:.3f}): the prose's c = {c}.")
+    claim.verify(
+        "arithmetic",
+        expected_tokens=spec.expected_tokens(alpha, gamma),
+        speedup=s,
+        forward_passes=gamma + 1,
+        cost_in_target_passes=gamma * c + 1,
+        c=spec.implied_c(printed, alpha, gamma),
+    )
+
+
+@pytest.mark.claim("SPEC-GAMMA8")
+def test_gamma_8_speedups_match_c_one_tenth(claim):
+    """SPEC-GAMMA8: "at 90% acceptance gamma = 8 is worth 3.40x and at 30% it is worth 0.79x"."""
+    book = registry.get("SPEC-GAMMA8").book
+    c, printed = book["c"], {0.9: book["speedup_a09"], 0.3: book["speedup_a03"]}
+    implied = {a: spec.implied_c(p, a, 8) for a, p in printed.items()}
+    bands = {a: spec.implied_c_interval(p, a, 8, 0.005) for a, p in printed.items()}
+    claim.note(
+        "The printed gamma = 8 speedups imply c = "
+        + ", ".join(f"{implied[a]:.4f} (band {bands[a][0]:.4f}..{bands[a][1]:.4f}) at alpha = {a}" for a in implied)
+        + f": they were computed with c = 0.1, not the prose's c = 0.2 (which gives {spec.speedup(0.9, 8, 0.2):.2f}x and {spec.speedup(0.3, 8, 0.2):.2f}x)."
+    )
+    claim.verify(
+        "arithmetic",
+        speedup_a09=spec.speedup(0.9, 8, c),
+        speedup_a03=spec.speedup(0.3, 8, c),
+        c=implied[0.9],
+        c_implied_a03=implied[0.3],
+        speedup_a09_c02=spec.speedup(0.9, 8, 0.2),
+        speedup_a03_c02=spec.speedup(0.3, 8, 0.2),
+    )
+
+
+@pytest.mark.claim("SPEC-ALPHA")
+@pytest.mark.slow
+@on_profiles("stand-in", "book")
+def test_acceptance_rate_is_the_agreement_column(claim, profile, reference_continuations, speculative_runs, quantized_variant):
+    """SPEC-ALPHA: "Everything depends on the acceptance rate alpha, which is measurable: it is the agreement column above"."""
+    conts = reference_continuations(profile)
+    runs = speculative_runs(profile)
+    alpha = {d: sum(r.accepted for r in runs[d]) / sum(r.evaluated for r in runs[d]) for d in DRAFTS}
+    hits = {d: evaluation.agreement(quantized_variant(profile, d), conts) for d in DRAFTS}  # the table's column, one forward each
+    agree = {d: h / n for d, (h, n) in hits.items()}
+    rows = []
+    for d in DRAFTS:
+        evaluated = sum(r.evaluated for r in runs[d])
+        kept = sum(len(r.tokens) for r in runs[d]) / sum(r.target_passes for r in runs[d])
+        rows.append([d, f"{alpha[d]:.3f} ({sum(r.accepted for r in runs[d])}/{evaluated})", f"{agree[d]:.3f} ({hits[d][0]}/{hits[d][1]})", f"{kept:.2f}", f"{spec.expected_tokens(alpha[d], SPEC_GAMMA):.2f}"])
+    claim.table(f"Acceptance per draft, gamma = {SPEC_GAMMA} ({profile.name})", ["draft", "alpha (accepted/judged)", "agreement", "tokens per target pass", "E at that alpha"], rows)
+    claim.verify(
+        profile.name,
+        alpha_int8_row=alpha["int8-row"],
+        max_alpha_gap=max(abs(alpha[d] - agree[d]) for d in DRAFTS),
+        alpha=alpha,
+        agreement=agree,
+    )
+
+
+@pytest.mark.claim("SPEC-REAL-SLOWDOWN")
+def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized_stand_in, timed):
+    """SPEC-REAL-SLOWDOWN: "speculative decoding can make generation slower"."""
+    draft = quantized_stand_in["int4-tensor"].model
+    prompt = stand_in.tokenizer("The river rises in the mountains to the north and flows south through")["input_ids"]
+    gamma, new = 4, 8
+    probe = spec.generate(stand_in.model, prompt, new, draft=draft, gamma=gamma)
+    samples = timed(
+        {
+            "plain": lambda: spec.generate(stand_in.model, prompt, new),
+            "speculative": lambda: spec.generate(stand_in.model, prompt, new, draft=draft, gamma=gamma),
+        },
+        rounds=3,
+        warmup=1,
+    )
+    claim.note(
+        "Draft: the stand-in with INT4 per-tensor weights, which accepts almost nothing. The draft is fake-quantized, so it "
+        "costs as much as the target (c ~ 1): the formula predicts E / (gamma c + 1) ~ 1 / 5."
+    )
+    claim.verify(
+        "stand-in",
+        slowdown=samples["speculative"].median / samples["plain"].median,
+        alpha=probe.alpha,
+        predicted_speedup_c1=spec.speedup(probe.alpha if probe.evaluated else 0.0, gamma, 1.0),
+        seconds_plain=samples["plain"].median,
+        seconds_speculative=samples["speculative"].median,
+        gamma=gamma,
+        new_tokens=new,
+    )
