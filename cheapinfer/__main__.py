@@ -31,10 +31,12 @@ def _verify(argv: list[str]) -> int:
         cmd += ["--book-model", args.book_model]
     if args.fast:
         cmd += ["-m", "not slow"]
-    code = subprocess.call(cmd + rest, cwd=ROOT)
-    errata = ROOT / "reports" / "errata.md"
-    if errata.exists():
-        print(f"\nErrata report: {errata}")
+    code = subprocess.call(cmd + ["-r", "fE"] + rest, cwd=ROOT)  # skip reasons are in the report
+    from . import report
+
+    record = ROOT / "reports" / report.RECORD_NAME
+    if record.exists():
+        print("\n".join(["", *report.summary_table(report.load(record)), "", f"Errata report: {record.with_name(report.ERRATA_NAME)}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 

@@ -9,10 +9,13 @@ moved beyond its tolerance, and exits 1 on a regression:
   test raised before a verdict (e.g. a library update broke an import); a skip is not a regression;
 - a value that moved beyond its tolerance. For a quantity with a digits check the tolerance is the
   check's own (``exact``: any change; ``rel``: ``tol`` x the book's value; ``abs``: ``tol``). For a
-  quantity checked only by shape (ratios of timings, growth factors, fractions) it is a relative band,
-  ``--band`` (default 0.25). The shape values are ratios of medians of interleaved rounds; 25% is a
-  stated margin for their run-to-run noise on a shared machine, not a measured one. Tighten it on a
-  quiet, dedicated CI runner; widen it when comparing machines of different kinds.
+  quantity checked only by shape (ratios of timings, growth factors, fractions) against a bound, it
+  regresses when it moves toward the bound by more than ``--band`` (default 0.25) relative, on a
+  check that was asserted; a larger move away from the bound, or of a value that was only reported,
+  is printed as a change, not a regression. The shape values are ratios
+  of medians of interleaved rounds; 25% is a stated margin for their run-to-run noise on a shared
+  machine, not a measured one. Tighten it on a quiet, dedicated CI runner; widen it when comparing
+  machines of different kinds.
 
 Exit status: 0 no regression, 1 regression, 2 usage error (argparse).
 
@@ -123,6 +126,29 @@ def _moved(before: Any, after: Any, form: str, width: float) -> bool:
     return abs(b - a) > width * abs(a) if a != 0 else b != 0
 
 
+def _shape_bound(q: str, claim: dict[str, Any]) -> tuple[str, float] | None:
+    """(op, bound) of the numeric shape check of ``q``, if it has one."""
+    for spec in claim.get("checks", []):
+        if spec["q"] == q and spec["kind"] == "shape" and spec.get("op") in ("<", "<=", ">", ">=") and _number(spec.get("bound")) is not None:
+            return spec["op"], _number(spec["bound"])
+    return None
+
+
+def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape: tuple[str, float], band: float, asserted: bool) -> Change | None:
+    """A shape-checked value regresses when it moves toward its bound by more than ``band`` (relative)
+    on a check that was asserted; a move away from the bound, or on a check that was only reported
+    (e.g. a CUDA-only bound on a CPU run), is a change, not a regression."""
+    a, b = _number(before), _number(after)
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return Change(cid, profile, q, before, after, "a finite number", asserted) if before != after else None
+    if not _moved(a, b, "rel", band):
+        return None
+    op, bound = shape
+    toward = b < a if op in (">", ">=") else b > a
+    side = "toward" if toward else "away from"
+    return Change(cid, profile, q, before, after, f"±{band:.0%} relative, {side} the bound {op} {fmt(bound)}", toward and asserted)
+
+
 def _describe(form: str, width: float) -> str:
     if form == "exact":
         return "exact equality"
@@ -163,7 +189,11 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
                     continue
                 done.add(q)
                 form, width = _tolerance(q, b_claim, band)
-                if _moved(a_measured[q], chk["measured"], form, width):
+                if form == "rel" and _shape_bound(q, b_claim) is not None:
+                    change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], _shape_bound(q, b_claim), band, chk.get("asserted", True))
+                    if change:
+                        changes.append(change)
+                elif _moved(a_measured[q], chk["measured"], form, width):
                     changes.append(Change(cid, key[0], q, a_measured[q], chk["measured"], _describe(form, width), True))
     return changes
 
