@@ -182,13 +182,17 @@ class Continuation:
 
 
 @torch.no_grad()
-def greedy(model, prompt: Sequence[int], new_tokens: int) -> list[int]:
-    """Plain greedy continuation (transformers' ``generate``, batch 1, no repetition penalty)."""
+def greedy(model, prompt: Sequence[int], new_tokens: int, **generate_kwargs) -> list[int]:
+    """Plain greedy continuation (transformers' ``generate``, batch 1, no repetition penalty).
+
+    ``generate_kwargs`` go to ``generate`` too (e.g. ``assistant_model=`` for assisted generation).
+    """
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
     out = model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
+        **generate_kwargs,
         do_sample=False,
         temperature=None,
         top_p=None,

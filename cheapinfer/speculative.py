@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .evaluation import greedy
+
 # ------------------------------------------------------------------------------------------------
 # arithmetic
 # ------------------------------------------------------------------------------------------------
@@ -181,24 +183,9 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
     return run
 
 
-@torch.no_grad()
 def assisted_generate(target, draft, prompt: Sequence[int], new_tokens: int) -> list[int]:
     """transformers' own assisted generation (greedy, no repetition penalty), for comparison."""
-    device = next(target.parameters()).device
-    ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-    out = target.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        assistant_model=draft,
-        do_sample=False,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-        repetition_penalty=1.0,
-        max_new_tokens=new_tokens,
-        pad_token_id=target.generation_config.pad_token_id if target.generation_config.pad_token_id is not None else 0,
-    )
-    return out[0, ids.shape[1]:].tolist()
+    return greedy(target, prompt, new_tokens, assistant_model=draft)
 
 
 # ------------------------------------------------------------------------------------------------
