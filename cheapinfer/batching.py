@@ -124,17 +124,26 @@ def gains(points: Sequence[Point], small: int, large: int) -> tuple[float, float
 
 
 def knee(points: Sequence[Point], threshold: float = 1.25) -> tuple[int | None, list[tuple[int, int, float]]]:
-    """The knee: the first doubling ``b -> 2b`` whose throughput gain falls below ``threshold``.
+    """The knee: the first doubling ``b -> 2b`` after the steepest one whose throughput gain falls below ``threshold``.
 
-    Returns (the batch ``b`` at which the knee starts, or None if every doubling gains at least
+    Searching only past the steepest doubling skips a flat start that is no knee (on a CPU one row
+    takes a matrix-vector kernel and two rows a matrix-matrix one, so 1 -> 2 can gain nothing).
+    Returns (the batch ``b`` at which the knee starts, or None if no later doubling gains less than
     ``threshold``; the list of (b, 2b, gain) over the measured doublings).
     """
     by = {p.batch: p for p in points}
     doublings = [(b, 2 * b, by[2 * b].throughput / by[b].throughput) for b in sorted(by) if 2 * b in by]
-    for b, _, gain in doublings:
+    steepest = max(range(len(doublings)), key=lambda i: doublings[i][2]) if doublings else 0
+    for b, _, gain in doublings[steepest + 1 :]:
         if gain < threshold:
             return b, doublings
     return None, doublings
+
+
+def gain_past_steepest(doublings: Sequence[tuple[int, int, float]]) -> float:
+    """The smallest throughput gain of the doublings after the steepest one (inf if there are none)."""
+    steepest = max(range(len(doublings)), key=lambda i: doublings[i][2])
+    return min((g for _, _, g in doublings[steepest + 1 :]), default=float("inf"))
 
 
 def both_improve(points: Sequence[Point]) -> list[tuple[int, int]]:

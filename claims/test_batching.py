@@ -25,8 +25,12 @@ def _threads(device: torch.device) -> int | None:
 
 
 def _batch_sizes(device: torch.device) -> list[int]:
-    """1..8 (the step costs of 1..8 occupied slots) and 16, 32 (64 on CUDA, where it is cheap)."""
-    return list(range(1, SLOTS + 1)) + [16, 32] + ([64] if device.type == "cuda" else [])
+    """1..8 (the step costs of 1..8 occupied slots) and 16..128 (256 on CUDA, where it is cheap).
+
+    On a 2-core CPU the gain per doubling fell 2.2, 1.7, 1.5, 1.4, 1.24 from 2 -> 4 to 32 -> 64: 128
+    puts the knee's doubling well past the 1.25x threshold instead of on it.
+    """
+    return list(range(1, SLOTS + 1)) + [16, 32, 64, 128] + ([256] if device.type == "cuda" else [])
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +96,14 @@ def test_batch_curve_has_a_knee(claim, twin, step_times, device):
     at, doublings = batching.knee(points, KNEE_GAIN)
     tg, lg = batching.gains(points, 16, 32)
     claim.table("Throughput gain per doubling of the batch", ["from", "to", "throughput gain"], [[a, b, f"{g:.2f}x"] for a, b, g in doublings])
-    claim.note(f"Knee (first doubling gaining < {KNEE_GAIN}x): from batch {at} on this device." if at else f"No doubling gained less than {KNEE_GAIN}x up to batch {points[-1].batch}.")
-    if at == 1 and device.type == "cpu":
-        claim.note("On CPU one row takes a matrix-vector kernel and two rows a matrix-matrix kernel, so 1 -> 2 can gain nothing; the table shows where the gain per doubling falls for good.")
+    claim.note(
+        f"Knee (first doubling after the steepest one gaining < {KNEE_GAIN}x): from batch {at} on this device."
+        if at
+        else f"No doubling after the steepest one gained less than {KNEE_GAIN}x up to batch {points[-1].batch}."
+    )
     claim.verify(
         "twin",
-        min_doubling_gain=min(g for _, _, g in doublings),
+        min_doubling_gain=batching.gain_past_steepest(doublings),
         knee_batch=at,
         throughput_gain_16_32=tg,
         latency_gain_16_32=lg,
