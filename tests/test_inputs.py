@@ -82,3 +82,20 @@ def test_corpus_artifact_is_fetched_and_checked(tmp_path):
 def test_corpus_pointing_nowhere_is_a_usage_error(tmp_path):
     run = _pytest(f"--corpus={tmp_path / 'no-such.txt'}", "--co", "-q", tmp_path=tmp_path)
     assert run.returncode == 4 and "no-such.txt" in run.stderr
+
+
+def test_another_architecture_as_book_model_deviates_without_crashing(tmp_path):
+    """A llama-architecture model passed as the book model: its digits deviate, with numbers; nothing crashes."""
+    import json
+
+    try:
+        other = models.convert_stand_in()
+    except artifacts.ArtifactUnavailable as exc:
+        pytest.skip(f"stand-in model unavailable: {exc}")
+    files = ["claims/test_outliers.py", "claims/test_distillation.py", "claims/test_quantization.py"]
+    run = _pytest(*files, f"--book-model={other}", "-m", "book", "-q", tmp_path=tmp_path)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    book = {cid: r for cid, c in record["claims"].items() for r in c["results"] if r["profile"] == "book"}
+    assert book and all(r["verdict"] != "not run" for r in book.values()), {cid: r.get("reason") for cid, r in book.items() if r["verdict"] == "not run"}
+    assert book["OUT-DIM62"]["verdict"] == "deviates" and book["OUT-DIM62"]["measured"]["dim"] != 62
