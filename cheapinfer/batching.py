@@ -48,35 +48,11 @@ import torch
 
 from . import SEED
 from .device import sync
+from .kv import random_cache
 
 # ----------------------------------------------------------------------------------------------
 # the batch curve
 # ----------------------------------------------------------------------------------------------
-
-
-def _kv_shape(config) -> tuple[int, int, int]:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return config.num_hidden_layers, config.num_key_value_heads, head_dim
-
-
-def filled_cache(model, batch: int, context: int, seed: int = SEED):
-    """A ``DynamicCache`` holding ``context`` tokens of keys and values for each of ``batch`` requests.
-
-    Keys and values are seeded random numbers of the model's cache shape ``[B, H_kv, context, D]``
-    per layer: the time of a decode step depends on their shape, not their values.
-    """
-    from transformers import DynamicCache
-
-    layers, kv_heads, head_dim = _kv_shape(model.config)
-    p = next(model.parameters())
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        for layer in range(layers):
-            k = torch.randn(batch, kv_heads, context, head_dim, generator=g).to(p.device, p.dtype)  # [B, H, S, D]
-            v = torch.randn(batch, kv_heads, context, head_dim, generator=g).to(p.device, p.dtype)
-            cache.update(k, v, layer)
-    return cache
 
 
 def decode_step(model, batch: int, context: int = 64, seed: int = SEED) -> Callable[[], torch.Tensor]:
@@ -85,8 +61,8 @@ def decode_step(model, batch: int, context: int = 64, seed: int = SEED) -> Calla
     The returned callable runs one forward pass (one new token per request, at position
     ``context``) and drops the token it appended, so every call measures the same step.
     """
-    cache = filled_cache(model, batch, context, seed)
     p = next(model.parameters())
+    cache = random_cache(model.config, context, p.dtype, p.device, seed, batch)
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(seed)).to(p.device)  # [B, 1]
     positions = torch.full((batch, 1), context, dtype=torch.long, device=p.device)  # [B, 1]
 

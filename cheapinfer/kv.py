@@ -283,8 +283,8 @@ class Head:
         return scores.softmax(-1) @ v, scores
 
 
-def random_cache(config, context: int, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
-    """A DynamicCache holding ``context`` tokens of random keys and values for every layer.
+def random_cache(config, context: int, dtype: torch.dtype, device: torch.device | str, seed: int = 0, batch: int = 1):
+    """A DynamicCache holding ``context`` tokens of random keys and values for every layer and each of ``batch`` requests.
 
     A decode step's cost does not depend on the cached values, only on their number; this builds a
     long context without paying for its prefill.
@@ -296,7 +296,7 @@ def random_cache(config, context: int, dtype: torch.dtype, device: torch.device 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache = DynamicCache(config=config)
     for layer in range(config.num_hidden_layers):
-        k, v = (torch.randn(1, heads, context, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(batch, heads, context, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(2))  # [B, H, S, D]
         cache.update(k, v, layer)
     return cache
 

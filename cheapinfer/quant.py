@@ -329,11 +329,6 @@ def decimal_gb(parameters: int, bytes_per_parameter: int) -> float:
     return parameters * bytes_per_parameter / 1e9
 
 
-def parameter_bytes(model) -> int:
-    """Bytes of every parameter as stored (tied weights counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 def error_figure(rows: list[ErrorRow], title: str):
     import matplotlib
 
@@ -351,26 +346,3 @@ def error_figure(rows: list[ErrorRow], title: str):
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     return fig
-
-
-def decode_step(model, context: int = 32, seed: int = 0):
-    """A callable that runs one batch-1 decode step of ``model`` over a ``context``-token KV cache.
-
-    The cache is cropped back to ``context`` after every step, so every call does the same work.
-    """
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=g).to(device)  # [1, C + 1]
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
-
-    @torch.no_grad()
-    def step():
-        out = model(input_ids=ids[:, context:], past_key_values=cache, use_cache=True)
-        cache.crop(-1)  # drop the step just appended: back to `context` tokens
-        return out.logits
-
-    return step

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cheapinfer import quant
+from cheapinfer import batching, kv, quant
 from cheapinfer.arch import QWEN25_05B
 from fixtures.plugin import on_profiles
 
@@ -37,9 +37,9 @@ def test_16_bit_weights_make_a_decode_step_faster(claim, twin_factory, device, t
     """Q-BYTES-SPEED: "fewer bits per weight make each decode step faster, because decode moves bytes"."""
     half = "fp16" if device.type == "cuda" else "bf16"
     fp32, low = twin_factory("fp32"), twin_factory(half)
-    steps = {"fp32": quant.decode_step(fp32.model), half: quant.decode_step(low.model)}
+    steps = {"fp32": batching.decode_step(fp32.model, 1, 32), half: batching.decode_step(low.model, 1, 32)}
     samples = timed(steps, rounds=7, warmup=2)
-    bytes32, bytes16 = quant.parameter_bytes(fp32.model), quant.parameter_bytes(low.model)
+    bytes32, bytes16 = kv.parameter_bytes(fp32.model), kv.parameter_bytes(low.model)
     if device.type != "cuda":
         claim.note(f"CPU: fp32 vs {half} step ratio reported only; CPU {half} matmuls are not bandwidth-bound.")
     claim.verify(
