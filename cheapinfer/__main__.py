@@ -5,6 +5,7 @@ fetch    download and check the pinned artifacts (stand-in model, corpus) into t
 budget   what fits: weights + KV cache for a model, precision and memory size
 compare  two run records: the claims whose verdict or value moved (non-zero exit on a regression)
 merge    several run records into one claim x machine matrix
+faults   inject each known fault into the measured system and check that its claims turn red
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _fetch(argv: list[str]) -> int:
     return 0
 
 
-_DELEGATED = {"budget": "cheapinfer.budget", "compare": "cheapinfer.compare", "merge": "cheapinfer.compare"}
+_DELEGATED = {"budget": "cheapinfer.budget", "compare": "cheapinfer.compare", "merge": "cheapinfer.compare", "faults": "cheapinfer.faults"}
 
 
 def main(argv: list[str] | None = None) -> int:

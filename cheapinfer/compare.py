@@ -5,7 +5,8 @@ directories holding them), e.g. the pinned libraries and the newest ones (``tox 
 machines. It prints every claim whose verdict changed on a profile, and every checked value that
 moved beyond its tolerance, and exits 1 on a regression:
 
-- a result that was *reproduced* or *shape holds* and now *deviates*, or is *not run* because its
+- a result that was *reproduced*, *shape holds* or a confirmed *erratum* and now *deviates* (for an
+  erratum: its digits reproduce now, or something else broke), or is *not run* because its
   test raised before a verdict (e.g. a library update broke an import); a skip is not a regression;
 - a value that moved beyond its tolerance. For a quantity with a digits check the tolerance is the
   check's own (``exact``: any change; ``rel``: ``tol`` x the book's value; ``abs``: ``tol``). For a
@@ -35,12 +36,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .registry import DEVIATES, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 from .report import KEY_ENVIRONMENT, load, machine_label, markdown_table
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
 BAND = 0.25
-_PASSING = (REPRODUCED, SHAPE_HOLDS)
+#: Verdicts of a passing test; a confirmed erratum passes (its digits fail as documented).
+_PASSING = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
 #: How the plugin words the reason of a claim whose test raised before a verdict (an error, not a skip).
 ERROR_REASON = "error before a verdict"
 

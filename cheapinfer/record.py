@@ -1,8 +1,10 @@
 """Collecting claim results during a run, independent of pytest.
 
 A :class:`Recorder` gathers one :class:`Result` per (claim, profile) measurement. ``verify`` is the
-one place where a measurement meets the registry: it judges, records, checks that the judgement
-would flip if the book's values moved beyond their tolerances, and returns the judgement.
+one place where a measurement meets the registry: it judges, records and returns the judgement.
+With ``--perturb ID`` it judges against the claim's book values moved beyond their tolerances
+instead (a demonstration of the comparator; that the measurement itself can fail is shown by the
+fault catalogue, ``cheapinfer.faults``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import registry
-from .registry import DEVIATES, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
+from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 
 _CLAIM_MARK = re.compile(r"""mark\.claim\(\s*["']([A-Z][A-Z0-9.\-]+)["']""")
 
@@ -38,6 +40,8 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, float) and value != value:
         return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
     return value
 
 
@@ -62,10 +66,6 @@ class Result:
         return jsonable(asdict(self))
 
 
-class NotFalsifiable(AssertionError):
-    """A check whose verdict does not flip when the book's values move beyond tolerance."""
-
-
 class Recorder:
     def __init__(self, perturb: Iterable[str] = ()):
         self.results: list[Result] = []
@@ -75,12 +75,9 @@ class Recorder:
     def verify(self, claim_id: str, profile: str, device: str, measured: dict[str, Any], **extra: Any) -> tuple[Result, registry.Judgement]:
         claim = registry.get(claim_id)
         measured = jsonable(measured)
-        judged = registry.judge(claim, measured, profile, device)
-        flipped = registry.judge(registry.perturb(claim, measured), measured, profile, device)
-        if flipped.verdict != DEVIATES:
-            raise NotFalsifiable(f"{claim_id} on {profile}: moving every book value beyond its tolerance still gives '{flipped.verdict}'")
         if claim_id in self.perturb:
-            claim, judged = registry.perturb(claim, measured), flipped
+            claim = registry.perturb(claim, measured)
+        judged = registry.judge(claim, measured, profile, device)
         result = Result(
             claim=claim_id,
             profile=profile,
@@ -95,6 +92,7 @@ class Recorder:
                     "measured": o.measured,
                     "passed": o.passed,
                     "asserted": o.asserted,
+                    "documented": o.documented,
                     "why": o.check.why,
                 }
                 for o in judged.outcomes
@@ -111,11 +109,12 @@ class Recorder:
         return result
 
 
-_RANK = {DEVIATES: 0, REPRODUCED: 1, SHAPE_HOLDS: 2, NOT_RUN: 3, NO_TEST: 4}
+_RANK = {DEVIATES: 0, ERRATUM: 1, REPRODUCED: 2, SHAPE_HOLDS: 3, NOT_RUN: 4, NO_TEST: 5}
 
 
 def overall(results: list[dict[str, Any]]) -> str:
-    """A claim's verdict over its profiles: any deviation wins, then reproduced digits, then shape."""
+    """A claim's verdict over its profiles: any deviation wins, then a confirmed erratum, then
+    reproduced digits, then shape."""
     if not results:
         return NO_TEST
     return min((r["verdict"] for r in results), key=_RANK.__getitem__)

@@ -7,33 +7,50 @@ prints. Each claim holds:
 - ``book``: the book's values by name, ``units`` their units;
 - ``runs_on``: the profiles the claim is measured on (``arithmetic``, ``twin``, ``stand-in``, ``book``);
 - ``digits_on``: the profiles on which the book's digits are asserted (elsewhere they are reported);
+- ``source``: for each book value, where it comes from: ``printed`` (the chapter's own text, e.g.
+  ``"67 MB"``), ``reading`` (a printed text interpreted, with ``why``) or ``derived`` (a formula, with
+  the printed values or architecture facts it uses in ``from``);
 - ``checks``: a list of checks. A *digits* check compares a measured value with ``book[q]``
-  (``form`` = ``exact`` | ``rel`` | ``abs``, with ``tol``); a *shape* check compares a measured
-  value with a ``bound`` (``op`` = ``>``, ``>=``, ``<``, ``<=``, ``==``) and holds on every profile.
+  (``form`` = ``exact`` | ``rel`` | ``abs`` with ``tol``; ``bound`` with ``op``, for a printed bound such as
+  "more than ten times"; ``one_of``, for a printed set such as "two or three"); a *shape* check compares a
+  measured value with a ``bound`` (``op`` = ``>``, ``>=``, ``<``, ``<=``, ``==``) and holds on every profile.
   Every check says ``why`` its tolerance is what it is. A check may carry ``requires = "cuda"``:
   then it is asserted only on a CUDA device and reported elsewhere.
+- ``erratum`` (optional): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
+  bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
+  would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
+  and the ``profiles`` where it is confirmed.
 
-The verdict is a pure function of (measured values, claim, profile, device): :func:`judge`.
-:func:`perturb` moves a book value (or a shape bound) beyond its tolerance; the suite uses it to
-prove that every check can fail.
+The verdict is a pure function of (measured values, claim, profile, device): :func:`judge`. A
+non-finite or missing measurement fails every check that reads it. :func:`perturb` moves a book value
+(or a shape bound) beyond its tolerance: it proves the comparator, and ``--perturb ID`` shows a claim
+turning red; that a *measurement* can fail is shown by the fault catalogue (``cheapinfer.faults``).
 """
 
 from __future__ import annotations
 
 import math
 import operator
-import tomllib
+import sys
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 REPRODUCED = "reproduced"
 SHAPE_HOLDS = "shape holds"
+ERRATUM = "erratum"
 DEVIATES = "deviates"
 NOT_RUN = "not run"
 NO_TEST = "no test yet"
-VERDICTS = (REPRODUCED, SHAPE_HOLDS, DEVIATES, NOT_RUN, NO_TEST)
+VERDICTS = (REPRODUCED, SHAPE_HOLDS, ERRATUM, DEVIATES, NOT_RUN, NO_TEST)
+#: Verdicts under which a claim's test passes (CI stays green).
+GREEN = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
 
 PROFILES = ("arithmetic", "twin", "stand-in", "book")
 SECTIONS = {
@@ -48,7 +65,8 @@ SECTIONS = {
     "ASIDE": "9. Asides",
 }
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
-_FORMS = ("exact", "rel", "abs")
+_FORMS = ("exact", "rel", "abs", "bound", "one_of")
+SOURCE_KINDS = ("printed", "reading", "derived")
 
 
 class RegistryError(ValueError):
@@ -73,9 +91,44 @@ class Check:
             return f"{self.q} {self.op} {fmt(self.bound)}"
         if self.form == "exact":
             return f"{self.q} == {fmt(book[self.q])}"
+        if self.form == "bound":
+            return f"{self.q} {self.op} {fmt(book[self.q])}"
+        if self.form == "one_of":
+            return f"{self.q} in {{{', '.join(fmt(v) for v in book[self.q])}}}"
         if self.form == "rel":
             return f"{self.q} = {fmt(book[self.q])} ± {self.tol:.3g} (relative)"
         return f"{self.q} = {fmt(book[self.q])} ± {fmt(self.tol)}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a book value comes from: the chapter's printed text, a reading of it, or a derivation."""
+
+    kind: str  # printed | reading | derived
+    text: str  # printed/reading: the chapter's text as printed; derived: the formula
+    why: str = ""  # reading: how the text is read
+    inputs: tuple[str, ...] = ()  # derived: the printed values or architecture facts it uses
+
+    def describe(self) -> str:
+        if self.kind == "printed":
+            return f'printed "{self.text}"'
+        if self.kind == "reading":
+            return f'reading of "{self.text}" ({self.why})'
+        return f"derived: {self.text}" + (f" (from {', '.join(self.inputs)})" if self.inputs else "")
+
+
+@dataclass(frozen=True)
+class Erratum:
+    """A confirmed erratum: the book's digits fail as documented, CI stays green, and the day they
+    reproduce the claim turns red (strict), so the entry is revisited."""
+
+    says: str
+    holds: str
+    assumption: str
+    fails: tuple[str, ...]  # the digits checks (by quantity) documented to fail
+    stands_on: tuple[str, ...]  # the printed book values the erratum rests on
+    profiles: tuple[str, ...]  # where it is confirmed; elsewhere (the book profile) a failure stays `deviates`
+    reader: str = ""  # what a reader should do instead (e.g. the replacement call)
 
 
 @dataclass(frozen=True)
@@ -89,6 +142,8 @@ class Claim:
     digits_on: tuple[str, ...]
     checks: tuple[Check, ...]
     note: str = ""
+    source: Mapping[str, Source] = field(default_factory=dict)
+    erratum: Erratum | None = None
 
     def with_book(self, **values: Any) -> "Claim":
         return replace(self, book={**self.book, **values})
@@ -103,6 +158,7 @@ class Outcome:
     target: Any
     passed: bool
     asserted: bool  # False where the check is only reported (wrong profile or device)
+    documented: bool = False  # the claim's erratum documents this check as failing here
 
     def message(self, claim: Claim) -> str:
         return (
@@ -115,15 +171,29 @@ class Outcome:
 class Judgement:
     verdict: str
     outcomes: list[Outcome] = field(default_factory=list)
+    #: documented erratum checks that pass now: the book's digits reproduce, the erratum is stale
+    stale: list[Outcome] = field(default_factory=list)
 
     @property
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.asserted and not o.passed]
 
+    def messages(self, claim: "Claim") -> list[str]:
+        """Why the verdict is ``deviates``: each undocumented failure, and each stale erratum check."""
+        out = [o.message(claim) for o in self.failures if not o.documented]
+        out += [
+            f"{claim.id} {o.check.q}: documented erratum no longer holds: measured {fmt(o.measured)} now meets "
+            f"{o.check.describe(claim.book)}; revise the registry's erratum entry"
+            for o in self.stale
+        ]
+        return out
+
 
 def fmt(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(fmt(v) for v in value) + "]"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
@@ -144,8 +214,12 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
             raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r} names no book value")
         if raw.get("form") not in _FORMS:
             raise RegistryError(f"{claim_id}: digits check form must be one of {_FORMS}")
-        if raw["form"] != "exact" and not (0 < float(raw.get("tol", 0)) < math.inf):
+        if raw["form"] in ("rel", "abs") and not (0 < float(raw.get("tol", 0)) < math.inf):
             raise RegistryError(f"{claim_id}: {raw['form']} check of {raw['q']!r} needs a finite tol > 0")
+        if raw["form"] == "bound" and raw.get("op") not in _OPS:
+            raise RegistryError(f"{claim_id}: bound check of {raw['q']!r} needs op in {tuple(_OPS)}")
+        if raw["form"] == "one_of" and not isinstance(book[raw["q"]], list):
+            raise RegistryError(f"{claim_id}: one_of check of {raw['q']!r} needs a list as its book value")
     elif kind == "shape":
         if raw.get("op") not in _OPS or "bound" not in raw:
             raise RegistryError(f"{claim_id}: shape check {raw.get('q')!r} needs op in {tuple(_OPS)} and a bound")
@@ -163,6 +237,40 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
     )
 
 
+def _source_from(claim_id: str, key: str, raw: Any) -> Source:
+    if not isinstance(raw, Mapping):
+        raise RegistryError(f"{claim_id}: source of {key!r} must be a table with one of {SOURCE_KINDS}")
+    kinds = [k for k in SOURCE_KINDS if k in raw]
+    if len(kinds) != 1:
+        raise RegistryError(f"{claim_id}: source of {key!r} must name exactly one of {SOURCE_KINDS}")
+    kind = kinds[0]
+    if kind == "reading" and not str(raw.get("why", "")).strip():
+        raise RegistryError(f"{claim_id}: reading of {key!r} says nothing about why it is read so")
+    if kind == "derived" and not raw.get("from"):
+        raise RegistryError(f"{claim_id}: derivation of {key!r} names no printed value or architecture fact it uses ('from')")
+    return Source(kind, str(raw[kind]), str(raw.get("why", "")), tuple(raw.get("from", ())))
+
+
+def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ...], source: Mapping[str, Source]) -> Erratum:
+    for key in ("says", "holds", "assumption", "fails", "stands_on", "profiles"):
+        if not raw.get(key):
+            raise RegistryError(f"{claim_id}: erratum needs {key!r}")
+    digits = {c.q for c in checks if c.kind == "digits"}
+    unknown = set(raw["fails"]) - digits
+    if unknown:
+        raise RegistryError(f"{claim_id}: erratum fails {sorted(unknown)}, which no digits check names")
+    printed = [k for k in raw["stands_on"] if k in source and source[k].kind == "printed"]
+    if not printed:
+        raise RegistryError(f"{claim_id}: an erratum must stand on a printed book value, not only on readings or derivations")
+    for p in raw["profiles"]:
+        if p not in PROFILES:
+            raise RegistryError(f"{claim_id}: erratum names unknown profile {p!r}")
+    return Erratum(
+        says=raw["says"], holds=raw["holds"], assumption=raw["assumption"], fails=tuple(raw["fails"]),
+        stands_on=tuple(raw["stands_on"]), profiles=tuple(raw["profiles"]), reader=raw.get("reader", ""),
+    )
+
+
 def parse(text: str) -> dict[str, Claim]:
     data = tomllib.loads(text)
     claims = {}
@@ -176,6 +284,11 @@ def parse(text: str) -> dict[str, Claim]:
         for p in runs_on + digits_on:
             if p not in PROFILES:
                 raise RegistryError(f"{claim_id}: unknown profile {p!r}")
+        unknown = set(raw.get("source", {})) - set(book)
+        if unknown:
+            raise RegistryError(f"{claim_id}: source names no book value: {sorted(unknown)}")
+        source = {k: _source_from(claim_id, k, v) for k, v in raw.get("source", {}).items()}
+        checks = tuple(_check_from(claim_id, c, book) for c in raw.get("checks", ()))
         claims[claim_id] = Claim(
             id=claim_id,
             section=section,
@@ -184,8 +297,10 @@ def parse(text: str) -> dict[str, Claim]:
             units=raw.get("units", {}),
             runs_on=runs_on,
             digits_on=digits_on,
-            checks=tuple(_check_from(claim_id, c, book) for c in raw.get("checks", ())),
+            checks=checks,
             note=raw.get("note", ""),
+            source=source,
+            erratum=_erratum_from(claim_id, raw["erratum"], checks, source) if "erratum" in raw else None,
         )
     return claims
 
@@ -203,17 +318,42 @@ def get(claim_id: str) -> Claim:
         raise KeyError(f"claim {claim_id!r} is not in the registry") from None
 
 
+_NON_FINITE = {"nan", "-nan", "inf", "+inf", "-inf", "infinity", "-infinity"}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _non_finite(value: Any) -> bool:
+    """NaN or infinity, as a float or as the string a JSON record holds it as."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, str) and value.strip().lower() in _NON_FINITE
+
+
+def _compare(op: str, measured: Any, target: Any) -> bool:
+    if isinstance(target, bool) != isinstance(measured, bool) or (_number(target) and not _number(measured)):
+        return False  # True == 1 in Python; a boolean claim needs a boolean measurement
+    try:
+        return bool(_OPS[op](measured, target))
+    except TypeError:
+        return False
+
+
 def _passes(check: Check, measured: Any, target: Any) -> bool:
-    if measured is None:
+    """Whether ``measured`` meets ``check``. A missing, non-finite or wrongly typed measurement fails."""
+    if measured is None or _non_finite(measured):
         return False
     if check.kind == "shape":
-        try:
-            return bool(_OPS[check.op](measured, target))
-        except TypeError:
-            return False
+        return _compare(check.op, measured, target)
     if check.form == "exact":
-        return measured == target
-    if isinstance(measured, float) and not math.isfinite(measured):
+        return _compare("==", measured, target)
+    if check.form == "bound":
+        return _compare(check.op, measured, target)
+    if check.form == "one_of":
+        return any(_compare("==", measured, t) for t in target)
+    if not _number(measured):
         return False
     if check.form == "rel":
         return abs(measured - target) <= check.tol * abs(target)
@@ -226,24 +366,36 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
     Shape checks are asserted on every profile; digits checks only on the claim's ``digits_on``
     profiles (and, with ``requires = "cuda"``, only on CUDA); elsewhere they are evaluated and
     reported. A measured quantity that a check needs but the measurement lacks fails the check.
+
+    Where the claim has a confirmed erratum for ``profile``: the verdict is ``erratum`` when exactly
+    the documented checks fail and every other asserted check passes; it is ``deviates`` when another
+    check fails, or when a documented check passes (the book's digits reproduce: the erratum is stale,
+    as a strict xfail that passes).
     """
     outcomes = []
     digits_here = profile in claim.digits_on
+    erratum = claim.erratum if claim.erratum and profile in claim.erratum.profiles else None
     for check in claim.checks:
         target = check.bound if check.kind == "shape" else claim.book[check.q]
         asserted = check.kind == "shape" or digits_here
         if check.requires == "cuda" and not device.startswith("cuda"):
             asserted = False
-        outcomes.append(Outcome(check, measured.get(check.q), target, _passes(check, measured.get(check.q), target), asserted))
-    if any(o.asserted and not o.passed for o in outcomes):
-        verdict = DEVIATES
-    elif any(o.asserted and o.check.kind == "digits" for o in outcomes):
-        verdict = REPRODUCED
-    elif any(o.asserted for o in outcomes):
-        verdict = SHAPE_HOLDS
-    else:
+        value = measured.get(check.q)
+        documented = bool(erratum) and asserted and check.kind == "digits" and check.q in erratum.fails
+        outcomes.append(Outcome(check, value, target, _passes(check, value, target), asserted, documented))
+    if not any(o.asserted for o in outcomes):
         raise RegistryError(f"{claim.id}: no check of this claim is asserted on profile {profile!r} ({device})")
-    return Judgement(verdict, outcomes)
+    judged = Judgement(DEVIATES, outcomes, stale=[o for o in outcomes if o.documented and o.passed])
+    failures = judged.failures
+    if any(not o.documented for o in failures) or judged.stale:
+        judged.verdict = DEVIATES
+    elif failures:  # exactly the documented checks fail, and nothing else
+        judged.verdict = ERRATUM
+    elif any(o.asserted and o.check.kind == "digits" for o in outcomes):
+        judged.verdict = REPRODUCED
+    else:
+        judged.verdict = SHAPE_HOLDS
+    return judged
 
 
 def _moved(value: Any, away_from: Any, width: float) -> Any:
@@ -268,7 +420,13 @@ def perturb(claim: Claim, measured: Mapping[str, Any]) -> Claim:
     checks = []
     for check in claim.checks:
         m = measured.get(check.q)
-        if check.kind == "digits":
+        if check.kind == "digits" and check.form == "one_of":
+            book[check.q] = [_moved(m, m, 1.0)] if _number(m) else [f"not {m!r}"]
+            checks.append(check)
+        elif check.kind == "digits" and check.form == "bound":
+            book[check.q] = _beyond(check.op, m) if _number(m) else f"not {m!r}"
+            checks.append(check)
+        elif check.kind == "digits":
             b = book[check.q]
             if isinstance(b, (int, float)) and not isinstance(b, bool):
                 width = check.tol * abs(b) if check.form == "rel" else check.tol
@@ -283,11 +441,17 @@ def perturb(claim: Claim, measured: Mapping[str, Any]) -> Claim:
         else:
             if isinstance(m, bool) or not isinstance(m, (int, float)):
                 bound = not m if isinstance(m, bool) else f"not {m!r}"
-            elif check.op in (">", ">="):
-                bound = m + max(abs(m), 1.0)
-            elif check.op in ("<", "<="):
-                bound = m - max(abs(m), 1.0)
             else:
-                bound = m + max(abs(m), 1.0)
+                bound = _beyond(check.op, m)
             checks.append(replace(check, bound=bound))
-    return replace(claim, book=book, checks=tuple(checks))
+    # A perturbed claim is a demonstration of the comparator, never an erratum.
+    return replace(claim, book=book, checks=tuple(checks), erratum=None)
+
+
+def _beyond(op: str, m: float) -> float:
+    """A bound that ``m`` fails under ``op``."""
+    if op in (">", ">="):
+        return m + max(abs(m), 1.0)
+    if op in ("<", "<="):
+        return m - max(abs(m), 1.0)
+    return m + max(abs(m), 1.0)

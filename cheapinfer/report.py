@@ -17,7 +17,7 @@ from typing import Any
 
 from . import __version__, registry
 from .record import overall
-from .registry import DEVIATES, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 
 RECORD_NAME = "run.json"
 ERRATA_NAME = "errata.md"
@@ -38,7 +38,32 @@ def _check_spec(check: registry.Check) -> dict[str, Any]:
     return spec
 
 
-def build(results: list[dict[str, Any]], environment: dict[str, str], run: dict[str, Any], tested: dict[str, list[str]]) -> dict[str, Any]:
+def _source_spec(src: registry.Source) -> dict[str, Any]:
+    spec: dict[str, Any] = {"kind": src.kind, "text": src.text}
+    if src.why:
+        spec["why"] = src.why
+    if src.inputs:
+        spec["from"] = list(src.inputs)
+    return spec
+
+
+def _erratum_spec(e: registry.Erratum | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {"says": e.says, "holds": e.holds, "assumption": e.assumption, "fails": list(e.fails),
+            "stands_on": list(e.stands_on), "profiles": list(e.profiles), "reader": e.reader}
+
+
+def build(
+    results: list[dict[str, Any]],
+    environment: dict[str, str],
+    run: dict[str, Any],
+    tested: dict[str, list[str]],
+    faults: dict[str, list[str]] | None = None,
+    fault_run: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run record. ``faults``: claim ID -> the known faults that turn it red (the catalogue);
+    ``fault_run``: the last ``python -m cheapinfer faults`` result, if there is one."""
     claims = {}
     for claim_id, claim in registry.load().items():
         mine = [r for r in results if r["claim"] == claim_id]
@@ -48,7 +73,10 @@ def build(results: list[dict[str, Any]], environment: dict[str, str], run: dict[
             "section": claim.section,
             "statement": claim.statement,
             "book": dict(claim.book),
+            "source": {k: _source_spec(v) for k, v in claim.source.items()},
             "units": dict(claim.units),
+            "erratum": _erratum_spec(claim.erratum),
+            "faults": list((faults or {}).get(claim_id, [])),
             "note": claim.note,
             "has_test": claim_id in tested,
             "verdict": overall(mine),
@@ -67,6 +95,8 @@ def build(results: list[dict[str, Any]], environment: dict[str, str], run: dict[
         "sections": {k: t for k, t in registry.SECTIONS.items() if any(c["section"] == k for c in claims.values())},
         "claims": claims,
     }
+    if fault_run:
+        record["fault_run"] = fault_run
     record["errata"] = candidate_errata(record)
     return record
 
@@ -89,7 +119,7 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-_BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "shape holds", DEVIATES: "**DEVIATES**", NOT_RUN: "not run", NO_TEST: "no test yet"}
+_BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "shape holds", ERRATUM: "erratum (confirmed)", DEVIATES: "**DEVIATES**", NOT_RUN: "not run", NO_TEST: "no test yet"}
 
 
 def _value(v: Any) -> str:
@@ -143,6 +173,11 @@ def _code(text: Any) -> str:
 
 
 def _conclusion(r: dict[str, Any], failures: list[dict[str, Any]]) -> str:
+    if any(f.get("stale") for f in failures):
+        return (
+            "A confirmed erratum no longer holds: the book's digits reproduce here. Either a library or the setup changed "
+            "(compare with a run on the pinned versions), or the erratum was wrong: revise its registry entry."
+        )
     if r.get("perturbed"):
         return (
             "The book's values were moved beyond their tolerance on purpose (`--perturb`): this entry shows "
@@ -171,10 +206,12 @@ def candidate_errata(record: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for cid, c in record["claims"].items():
         for r in c["results"]:
+            if r["verdict"] != DEVIATES:
+                continue  # a confirmed erratum is listed under "Errata", with its evidence
             failures = [
-                {k: chk[k] for k in ("q", "kind", "measured", "expected", "why")}
+                {**{k: chk[k] for k in ("q", "kind", "measured", "expected", "why")}, "stale": bool(chk.get("documented"))}
                 for chk in r.get("checks", [])
-                if chk["asserted"] and not chk["passed"]
+                if chk["asserted"] and (not chk["passed"]) != bool(chk.get("documented"))
             ]
             if failures:
                 out.append(
@@ -192,6 +229,92 @@ def candidate_errata(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: e["perturbed"])
 
 
+def confirmed_errata(record: dict[str, Any]) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """(claim ID, claim, results with verdict erratum) for every claim whose documented erratum held in this run."""
+    out = []
+    for cid, c in record["claims"].items():
+        rs = [r for r in c.get("results", []) if r["verdict"] == ERRATUM]
+        if rs and c.get("erratum"):
+            out.append((cid, c, rs))
+    return out
+
+
+def _printed(claim: dict[str, Any], key: str) -> str:
+    src = claim.get("source", {}).get(key)
+    if not src:
+        return ""
+    if src["kind"] == "derived":
+        return f"derived: {src['text']}"
+    return f'{"printed" if src["kind"] == "printed" else "read from"} "{src["text"]}"'
+
+
+def _confirmed_lines(record: dict[str, Any]) -> list[str]:
+    found = confirmed_errata(record)
+    if not found:
+        return []
+    lines = [
+        "## Errata",
+        "",
+        "Confirmed errata: the registry documents each one, the suite measured it again in this run, and the book's "
+        "digits failed exactly as documented. They keep CI green; the day the digits reproduce, the claim turns red.",
+        "",
+    ]
+    for cid, c, rs in found:
+        e = c["erratum"]
+        units = c.get("units", {})
+        lines += [f"### {cid}", "", f"> {c['statement']}", ""]
+        stands = "; ".join(f"`{k}` = {_with_unit(c['book'][k], units.get(k))} ({_printed(c, k) or 'no source'})" for k in e["stands_on"])
+        lines.append(f"- **The book says:** {e['says']} It stands on: {stands}.")
+        lines.append(f"- **What holds instead:** {e['holds']}")
+        lines.append(f"- **Under which assumption the book's number would hold:** {e['assumption']}")
+        if e.get("reader"):
+            lines.append(f"- **For readers:** {e['reader']}")
+        for r in rs:
+            for chk in r.get("checks", []):
+                if chk.get("documented"):
+                    lines.append(f"- **Evidence** ({r['profile']}, {r['device']}): `{chk['q']}` measured {_value(chk['measured'])}, the book's `{chk['expected']}` fails ({chk['why']}).")
+            others = [f"`{chk['q']}` {_value(chk['measured'])}" for chk in r.get("checks", []) if not chk.get("documented") and chk["asserted"]]
+            if others:
+                lines.append(f"- **Still holds** ({r['profile']}): " + "; ".join(others) + ".")
+            if r.get("test"):
+                lines.append(f"- **Test:** `{r['test']}`")
+        lines.append("")
+    return lines
+
+
+def _fault_lines(record: dict[str, Any]) -> list[str]:
+    claims = record["claims"]
+    tested = [cid for cid, c in claims.items() if c.get("has_test")]
+    if not any(c.get("faults") for c in claims.values()):
+        return []
+    lines = ["## Fault coverage", "",
+             "Each known fault breaks the measured system (not the registry) the way a real bug would; the claims it names "
+             "must turn red (`python -m cheapinfer faults`).", ""]
+    last = record.get("fault_run")
+    rows = []
+    for cid in tested:
+        names = claims[cid].get("faults", [])
+        if not names:
+            continue
+        seen = []
+        for n in names:
+            f = (last or {}).get("faults", {}).get(n)
+            if f:
+                red = sum(run.get(cid) == "red" for run in f["runs"])
+                seen.append(f"{n} (red {red}/{len(f['runs'])})")
+            else:
+                seen.append(f"{n} (not run)")
+        rows.append([cid, "; ".join(seen)])
+    lines += markdown_table(["claim", "faults that turn it red (last faults run)"], rows)
+    lines.append("")
+    bare = [cid for cid in tested if not claims[cid].get("faults")]
+    lines.append("Claims that no known fault turns red: " + (", ".join(bare) if bare else "none") + ".")
+    if last:
+        lines.append(f"Last faults run: {last.get('created', '?')}, {last.get('runs', '?')} run(s) of each of {len(last.get('faults', {}))} faults.")
+    lines.append("")
+    return lines
+
+
 def _errata_lines(record: dict[str, Any]) -> list[str]:
     errata = candidate_errata(record)
     if not errata:
@@ -202,7 +325,10 @@ def _errata_lines(record: dict[str, Any]) -> list[str]:
         title = f"### {e['claim']} on {e['profile']} ({e['device']})" + (" — perturbed on purpose" if e["perturbed"] else "")
         lines += [title, "", f"> {c['statement']}", ""]
         for f in e["failures"]:
-            lines.append(f"- **Measured:** `{f['q']}` = {_value(f['measured'])}; the claim is `{f['expected']}` ({f['why']}).")
+            if f.get("stale"):
+                lines.append(f"- **Measured:** `{f['q']}` = {_value(f['measured'])} now meets `{f['expected']}`, which the registry documents as an erratum.")
+            else:
+                lines.append(f"- **Measured:** `{f['q']}` = {_value(f['measured'])}; the claim is `{f['expected']}` ({f['why']}).")
         how = f"- **How:** on the {e['profile']} profile, {e['device']}"
         lines.append(how + (f", by `{e['test']}`." if e["test"] else "."))
         for note in e["notes"]:
@@ -305,6 +431,7 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         "Verdicts: *reproduced* — the book's digits hold within the stated tolerance; *shape holds* — the "
         "claim's invariant holds on a model or device where the digits cannot be expected (digits reported beside); "
+        "*erratum* — a confirmed erratum: the book's digits fail as the registry documents, with evidence; "
         "*deviates* — a candidate erratum, or a regression of the libraries; *not run* — with the reason and what to do; "
         "*no test yet*.",
         "",
@@ -313,7 +440,9 @@ def markdown(record: dict[str, Any]) -> str:
         *summary_table(record),
         "",
     ]
+    lines += _confirmed_lines(record)
     lines += _errata_lines(record)
+    lines += _fault_lines(record)
     figures = _figures(record)
     if figures:
         lines += ["## Figures", ""]
@@ -341,7 +470,9 @@ def markdown(record: dict[str, Any]) -> str:
             lines.append("")
             if c["book"]:
                 units = c.get("units", {})
-                lines.append("Book: " + "; ".join(f"`{k}` = {_with_unit(v, units.get(k))}" for k, v in c["book"].items()))
+                lines.append("Book: " + "; ".join(
+                    f"`{k}` = {_with_unit(v, units.get(k))}" + (f" ({_printed(c, k)})" if _printed(c, k) else "")
+                    for k, v in c["book"].items()))
                 lines.append("")
             if c.get("note"):
                 lines += [c["note"], ""]

@@ -113,3 +113,101 @@ def test_digits_are_reported_not_asserted_off_their_profiles():
     assert registry.judge(claim, {"a": 50.0, "r": 2.0}, "book").verdict == DEVIATES
     assert registry.judge(claim, {"a": 10.5, "r": 2.0}, "book").verdict == REPRODUCED
     assert registry.judge(claim, {"a": 10.5}, "book").verdict == DEVIATES, "a missing measured value fails its check"
+
+
+# ------------------------------------------------------------------------------------------------
+# a failing measurement of every check type deviates (issue: verdicts that tell the truth)
+# ------------------------------------------------------------------------------------------------
+
+_KINDS = registry.parse(
+    '[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = ["twin"]\n'
+    'book = {exact = 12288, flag = true, rel = 10.0, abs = 1.0, more = 10.0, some = [2, 3]}\n'
+    "checks = ["
+    '{q = "exact", form = "exact", why = "w"}, {q = "flag", form = "exact", why = "w"},'
+    '{q = "rel", form = "rel", tol = 0.1, why = "w"}, {q = "abs", form = "abs", tol = 0.5, why = "w"},'
+    '{q = "more", form = "bound", op = ">", why = "w"}, {q = "some", form = "one_of", why = "w"},'
+    '{q = "shape", kind = "shape", op = ">", bound = 1.0, why = "w"}]'
+)["X"]
+_GOOD = {"exact": 12288, "flag": True, "rel": 10.5, "abs": 1.4, "more": 17.4, "some": 3, "shape": 2.0}
+
+
+def test_a_passing_measurement_of_every_check_type_reproduces():
+    assert registry.judge(_KINDS, _GOOD, "twin").verdict == REPRODUCED
+
+
+@pytest.mark.parametrize(
+    "q, bad",
+    [
+        ("exact", 12289), ("exact", 12288.5), ("flag", False), ("flag", 1), ("rel", 11.5), ("rel", "10"),
+        ("abs", 1.6), ("more", 10.0), ("more", 9), ("some", 4), ("some", 2.5), ("shape", 0.99), ("shape", True),
+        *[(q, v) for q in _GOOD for v in (float("nan"), float("inf"), float("-inf"), "nan", "inf", None)],
+    ],
+    ids=repr,
+)
+def test_a_failing_measurement_of_every_check_type_deviates(q, bad):
+    """Exact, boolean, rel, abs, bound, one_of and shape checks, and NaN/inf/missing for each: deviates, no crash."""
+    judged = registry.judge(_KINDS, {**_GOOD, q: bad}, "twin")
+    assert judged.verdict == DEVIATES, f"{q} = {bad!r} gave {judged.verdict}"
+    assert [o.check.q for o in judged.failures] == [q]
+    assert judged.messages(_KINDS), "a deviation says why"
+
+
+def test_a_failing_measurement_deviates_through_the_recorder_too():
+    """The recorder records the failure as `deviates` (a failing boolean is not turned into 'not run')."""
+    rec = record.Recorder()
+    claim = registry.get("KV-IDENTITY")
+    result, judged = rec.verify(claim.id, "twin", "cpu", {"identical": False})
+    assert result.verdict == judged.verdict == DEVIATES
+    result, _ = rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": float("nan")})
+    assert result.verdict == DEVIATES and result.measured["bytes_per_token"] == "nan"
+
+
+_ERRATUM = (
+    '[E]\nsection = "BAT"\nstatement = "s"\nruns_on = ["twin", "book"]\ndigits_on = ["twin", "book"]\n'
+    "book = {speedup = 1.6, other = 2.0}\n"
+    'source = {speedup = {printed = "1.6x"}, other = {derived = "1.6 + 0.4", from = ["speedup"]}}\n'
+    'checks = [{q = "speedup", form = "rel", tol = 0.1, why = "w"}, {q = "other", form = "rel", tol = 0.1, why = "w"},'
+    '{q = "r", kind = "shape", op = ">", bound = 1.0, why = "w"}]\n'
+    '[E.erratum]\nsays = "1.6x"\nholds = "2.8x"\nassumption = "a"\nfails = ["speedup"]\nstands_on = ["speedup"]\nprofiles = ["twin"]\n'
+)
+
+
+def test_a_confirmed_erratum_is_green_while_its_digits_fail_as_documented():
+    claim = registry.parse(_ERRATUM)["E"]
+    assert registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin").verdict == registry.ERRATUM
+
+
+def test_a_confirmed_erratum_turns_red_when_its_digits_reproduce():
+    """Strict, like xfail(strict=True): the day the book's number holds, the entry must be revisited."""
+    claim = registry.parse(_ERRATUM)["E"]
+    judged = registry.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin")
+    assert judged.verdict == DEVIATES and judged.stale
+    assert "no longer holds" in judged.messages(claim)[0]
+
+
+def test_a_confirmed_erratum_does_not_hide_another_failure():
+    claim = registry.parse(_ERRATUM)["E"]
+    assert registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 0.5}, "twin").verdict == DEVIATES
+    assert registry.judge(claim, {"speedup": 2.8, "other": 5.0, "r": 2.0}, "twin").verdict == DEVIATES
+
+
+def test_a_confirmed_erratum_does_not_cover_the_book_profile():
+    """Book-profile digits that fail on real weights stay red until the erratum is confirmed there."""
+    claim = registry.parse(_ERRATUM)["E"]
+    assert registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "book").verdict == DEVIATES
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (("stands_on = [\"speedup\"]", "stands_on = [\"other\"]"), "printed"),
+        (("fails = [\"speedup\"]", "fails = [\"r\"]"), "no digits check"),
+        (("assumption = \"a\"\n", ""), "assumption"),
+        (("{printed = \"1.6x\"}", "{reading = \"1.6x\"}"), "why"),
+        (("from = [\"speedup\"]", "from = []"), "from"),
+    ],
+    ids=["stands-on-a-derivation", "fails-a-shape", "no-assumption", "reading-without-why", "derivation-without-inputs"],
+)
+def test_malformed_errata_and_sources_are_rejected(change, problem):
+    with pytest.raises(RegistryError, match=problem):
+        registry.parse(_ERRATUM.replace(*change))
