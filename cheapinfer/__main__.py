@@ -22,12 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 def _verify(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
     p.add_argument("--book-model", metavar="PATH", help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (CUDA_VISIBLE_DEVICES picks among the cards first)")
     p.add_argument("--fast", action="store_true", help="skip the claims marked slow")
     args, rest = p.parse_known_args(argv)
     if not (ROOT / "claims").is_dir():
         p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
+    from .device import DeviceUnavailable, pick
+
+    try:
+        device = pick(args.device)
+    except DeviceUnavailable as exc:
+        print(f"cheapinfer verify: {exc}", file=sys.stderr)
+        return 2
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", args.device, "-p", "no:cacheprovider"]
+    if device.type == "cuda" and not any(a.startswith("--twin-dtype") for a in rest):
+        cmd += ["--twin-dtype", "fp16"]  # the book's twin on its GPU
     if args.book_model:
         cmd += ["--book-model", args.book_model]
     if args.fast:

@@ -1,4 +1,8 @@
-"""Device choice, synchronisation, and the environment record every report carries."""
+"""Device choice, which claims depend on the device, and the environment record every report carries.
+
+What a CUDA device does differently (clocks, allocator peaks, bandwidth, attention kernel) lives in
+:mod:`cheapinfer.accel`.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,17 @@ import functools
 import importlib.metadata
 import os
 import platform
-import subprocess
+from typing import Iterable
 
 import torch
+
+from .accel import describe, sync  # noqa: F401  (sync: the suite's one way to wait for a device)
+
+#: Profiles whose measurement runs a model on the run's device (``arithmetic`` runs none).
+MODEL_PROFILES = ("twin", "stand-in", "book")
+
+
+_chosen: list[torch.device] = []  # the device the last ``pick`` returned: the run's device
 
 
 class DeviceUnavailable(RuntimeError):
@@ -19,7 +31,7 @@ def pick(requested: str = "auto") -> torch.device:
     """``auto`` takes CUDA when present, else CPU. ``CHEAPINFER_DEVICE`` overrides ``auto``."""
     requested = os.environ.get("CHEAPINFER_DEVICE", requested) if requested == "auto" else requested
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise DeviceUnavailable(
             f"--device {requested} asked for CUDA, but torch {torch.__version__} sees no CUDA device "
@@ -27,13 +39,27 @@ def pick(requested: str = "auto") -> torch.device:
         )
     if requested not in ("cpu",) and not requested.startswith("cuda"):
         raise DeviceUnavailable(f"--device must be auto, cpu or cuda[:N], not {requested!r}")
-    return torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise DeviceUnavailable(f"--device must be auto, cpu or cuda[:N], not {requested!r}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise DeviceUnavailable(
+                f"--device {requested}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+                f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')} renumbers them from 0)"
+            )
+        torch.cuda.set_device(device)  # tensors made on plain "cuda" land on the chosen card
+    _chosen[:] = [device]
+    return device
 
 
-def sync(device: torch.device | str) -> None:
-    """Wait for queued kernels: call before reading a clock around device work."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+def device_dependent(runs_on: Iterable[str]) -> bool:
+    """Whether a measurement on these profiles depends on the device: it runs a model (twin, stand-in,
+    book) there, so timings, memory peaks, kernels and forward passes come from the device.
+    Arithmetic (bytes, counts, formulas, sampling statistics) does not."""
+    return any(p in MODEL_PROFILES for p in runs_on)
 
 
 def _version(dist: str) -> str:
@@ -60,21 +86,23 @@ def _timing_threads() -> int:
     return TIMING_THREADS or torch.get_num_threads()
 
 
-def _nvidia_driver() -> str:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
-        )
-        return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "n/a"
+def environment(device: torch.device | str | None = None) -> dict[str, str]:
+    """What a reader needs to compare two runs: hardware, driver and library versions.
+
+    The GPU entries describe ``device``, by default the run's device (the one ``pick`` chose; with
+    ``CUDA_VISIBLE_DEVICES`` numbered among the visible cards): a run on the CPU says ``gpu = none``.
+    The returned dict is shared: copy it before changing it.
+    """
+    if device is None:
+        device = _chosen[0] if _chosen else pick("auto")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _environment(str(device))
 
 
-@functools.lru_cache(maxsize=1)
-def environment() -> dict[str, str]:
-    """What a reader needs to compare two runs: hardware, driver and library versions."""
-    cuda = torch.cuda.is_available()
+@functools.lru_cache(maxsize=4)
+def _environment(device: str) -> dict[str, str]:
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -82,10 +110,7 @@ def environment() -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
         "torch_threads": str(torch.get_num_threads()),
         "timing_threads_cpu": str(_timing_threads()),
-        "gpu": torch.cuda.get_device_name(0) if cuda else "none",
-        "gpu_memory_gib": f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f}" if cuda else "n/a",
-        "driver": _nvidia_driver() if cuda else "n/a",
-        "cuda": str(torch.version.cuda) if torch.version.cuda else "n/a (CPU build)",
+        **describe(device),  # gpu, its memory and compute capability, driver, CUDA, cuDNN, attention kernel
     }
     for dist in ("torch", "transformers", "bitsandbytes", "gguf", "accelerate", "numpy", "scipy", "pytest-benchmark", "hypothesis"):
         env[dist] = _version(dist)

@@ -21,14 +21,12 @@ import contextlib
 import inspect
 import logging
 import math
-import weakref
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .arch import QWEN25_05B, Arch
-from .device import sync
+from .accel import LivePeak, peak_above_resident  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
 
 GIB = 2**30
 
@@ -283,6 +281,11 @@ class Head:
         return scores.softmax(-1) @ v, scores
 
 
+def config_head_dim(config) -> int:
+    """Head dimension of a transformers config (``head_dim``, or hidden / heads where it is not given)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def random_cache(config, context: int, dtype: torch.dtype, device: torch.device | str, seed: int = 0, batch: int = 1):
     """A DynamicCache holding ``context`` tokens of random keys and values for every layer and each of ``batch`` requests.
 
@@ -292,8 +295,7 @@ def random_cache(config, context: int, dtype: torch.dtype, device: torch.device 
     from transformers import DynamicCache
 
     g = torch.Generator().manual_seed(seed)
-    heads = config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads, head_dim = config.num_key_value_heads, config_head_dim(config)
     cache = DynamicCache(config=config)
     for layer in range(config.num_hidden_layers):
         k, v = (torch.randn(batch, heads, context, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(2))  # [B, H, S, D]
@@ -317,13 +319,6 @@ def prefill(model, ids: torch.Tensor) -> Callable[[], object]:
     return lambda: model(ids, use_cache=True)
 
 
-def copy_bandwidth_callable(nbytes: int, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:
-    """A STREAM-style copy of ``nbytes`` (far beyond any cache) and the bytes it moves (read + write)."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    return (lambda: dst.copy_(src)), 2 * src.numel() * 4
-
-
 def parameter_bytes(model) -> int:
     """Bytes of every distinct parameter (tied embedding counted once): what a decode step streams."""
     seen, total = set(), 0
@@ -334,74 +329,16 @@ def parameter_bytes(model) -> int:
     return total
 
 
-# ------------------------------------------------------------------------------------------------
-# memory: peaks above the resident weights
-# ------------------------------------------------------------------------------------------------
+def decode_bytes(model, batch: int, context: int) -> int:
+    """What one decode step must stream at least: every weight once and ``batch`` caches of ``context`` tokens.
 
-
-class LivePeak(TorchDispatchMode):
-    """Peak bytes of tensor storage created inside the block and still alive (CPU or any device).
-
-    Every op's output storage is counted once, from the op that creates it until the last tensor
-    viewing it is freed. Storage that existed before the block (weights, inputs) is not counted, so
-    the peak is "allocator peak minus resident weights" for allocators that have no statistics of
-    their own (the CPU's). No allocator rounding or caching: a lower bound on what an allocator holds.
+    The new token's keys and values (written, one token per request) and the activations are lower order.
     """
-
-    def __init__(self):
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._owners: dict[int, int] = {}  # storage data_ptr -> live tracked tensors viewing it
-        self._sizes: dict[int, int] = {}
-        self._tensors: set[int] = set()  # ids of tracked tensor objects
-
-    def _track(self, t: torch.Tensor, input_storages: set[int]) -> None:
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key == 0 or id(t) in self._tensors:
-            return
-        if key not in self._owners:
-            if key in input_storages:
-                return  # a view of (or in-place on) storage made before the block: weights, inputs
-            self._owners[key] = 0
-            self._sizes[key] = storage.nbytes()
-            self.live += storage.nbytes()
-            self.peak = max(self.peak, self.live)
-        self._owners[key] += 1
-        self._tensors.add(id(t))
-        weakref.finalize(t, self._release, key, id(t))
-
-    def _release(self, key: int, tid: int) -> None:
-        self._tensors.discard(tid)
-        self._owners[key] -= 1
-        if self._owners[key] == 0:
-            self.live -= self._sizes.pop(key)
-            del self._owners[key]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        flat = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else (a,))]
-        inputs = {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor) and not t.is_meta}
-        out = func(*args, **kwargs)
-        for t in (out if isinstance(out, (list, tuple)) else (out,)):
-            if isinstance(t, torch.Tensor) and not t.is_meta:
-                self._track(t, inputs)
-        return out
+    config, p = model.config, next(model.parameters())
+    per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config_head_dim(config), p.element_size())
+    return parameter_bytes(model) + batch * context * per_token
 
 
-def peak_above_resident(fn: Callable[[], object], device: torch.device | str) -> int:
-    """Peak bytes ``fn`` needs above what was resident before it: CUDA allocator statistics on a GPU,
-    :class:`LivePeak` elsewhere."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        sync(device)
-        torch.cuda.empty_cache()
-        resident = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        sync(device)
-        return torch.cuda.max_memory_allocated(device) - resident
-    with LivePeak() as tracker:
-        fn()
-    return tracker.peak
+def decode_efficiency(step_bytes: int, step_seconds: float, copy_bytes_per_second: float) -> float:
+    """Bytes a decode step streams per second over the device's measured copy bandwidth (1.0: the step runs at the bus's speed)."""
+    return step_bytes / step_seconds / copy_bytes_per_second

@@ -2,7 +2,8 @@
 
 Ratios, not absolute times, are asserted. Every ratio is measured in one run with the variants
 interleaved round by round (so drift in clock speed or load hits all of them alike), after
-warm-up, with the device synchronised before each clock read, and summarised by the median.
+warm-up, with the device synchronised before each clock read, and summarised by the median. Each
+call is timed by :func:`cheapinfer.accel.elapsed`: CUDA events on a GPU, ``perf_counter`` on a CPU.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
 
-from .device import sync
+from .accel import elapsed, sync
 
 
 #: torch intra-op threads while timing on a CPU. One thread: on a CPU shared with other work a
@@ -82,11 +82,7 @@ def interleaved(
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for name in order:
-                sync(device)
-                t0 = time.perf_counter()
-                variants[name]()
-                sync(device)
-                out[name].seconds.append(time.perf_counter() - t0)
+                out[name].seconds.append(elapsed(variants[name], device))
     return out
 
 

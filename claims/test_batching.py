@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, strategies as st  # noqa: E402
 
-from cheapinfer import batching, paging, timing  # noqa: E402
+from cheapinfer import accel, batching, kv, paging, timing  # noqa: E402
 from fixtures.plugin import on_profiles  # noqa: E402
 
 CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
@@ -38,16 +38,27 @@ def _curves() -> dict:
     return {}
 
 
+@pytest.fixture(scope="module")
+def _copy_bandwidth() -> dict:
+    return {}
+
+
 @pytest.fixture
-def step_times(_curves, timed, device):
-    """``step_times(profile)``: batch size -> median seconds of one decode step, measured once per module."""
+def step_times(_curves, _copy_bandwidth, timed, device):
+    """``step_times(profile)``: batch size -> median seconds of one decode step, measured once per module.
+
+    The device's copy bandwidth (bytes/s) is timed in the same interleaved rounds, under the same
+    load, into ``_copy_bandwidth[profile.name]``: the bound that decode efficiency is read against.
+    """
 
     def measure(profile) -> dict[int, float]:
         if profile.name not in _curves:
             sizes = _batch_sizes(device)
             steps = {f"batch={b}": batching.decode_step(profile.model, b, CONTEXT) for b in sizes}
-            samples = timed(steps, rounds=ROUNDS, warmup=1)
+            copy, moved = accel.copy_callable(accel.COPY_BYTES, device)
+            samples = timed({**steps, "copy": copy}, rounds=ROUNDS, warmup=1)
             _curves[profile.name] = {b: samples[f"batch={b}"].median for b in sizes}
+            _copy_bandwidth[profile.name] = moved / samples["copy"].median
         return _curves[profile.name]
 
     return measure
@@ -71,21 +82,45 @@ def _plot(points, name: str):
     return fig
 
 
+def _efficiency_plot(points, efficiency: dict[int, float], name: str):
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([p.batch for p in points], [efficiency[p.batch] for p in points], "o-", color="tab:green")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("batch size (requests, 64-token cache each)")
+    ax.set_ylabel("bytes streamed / s over copy bandwidth")
+    ax.set_title(f"Decode efficiency, {name}")
+    ax.grid(alpha=0.3)
+    return fig
+
+
 @pytest.mark.claim("BAT-1-TO-16")
 @on_profiles("twin", "book")
-def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, step_times):
+def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, step_times, _copy_bandwidth):
     """BAT-1-TO-16: "From one request to sixteen multiplies throughput by 6.0 and the wait of every individual request by 2.67"."""
     points = batching.curve(step_times(profile))
     throughput_gain, latency_gain = batching.gains(points, 1, 16)
     base = points[0]
     claim.table("Batch size vs latency and throughput (64-token cache per request, one decode step)", batching.CURVE_HEADER, [p.row(base) for p in _powers(points)])
     claim.figure(f"bat-batch-curve-{profile.name}" if profile.name != "twin" else "bat-batch-curve", _plot(_powers(points), profile.name))
+    # Decode efficiency: (weights + the batch's caches) / step time / the copy bandwidth measured in the same rounds. Reported.
+    bandwidth = _copy_bandwidth[profile.name]
+    step_bytes = {p.batch: kv.decode_bytes(profile.model, p.batch, CONTEXT) for p in points}
+    efficiency = {p.batch: kv.decode_efficiency(step_bytes[p.batch], p.latency_s, bandwidth) for p in points}
+    claim.table(f"Decode efficiency vs batch size (copy bandwidth {bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds)",
+                ["batch", "bytes per step", "step ms", "GB/s streamed", "efficiency"],
+                [[p.batch, f"{step_bytes[p.batch]:,}", f"{p.latency_s * 1e3:.1f}", f"{step_bytes[p.batch] / p.latency_s / 1e9:.1f}", f"{efficiency[p.batch]:.2f}"]
+                 for p in _powers(points)])
+    suffix = f"-{profile.name}" if profile.name != "twin" else ""
+    claim.figure(f"bat-decode-efficiency{suffix}", _efficiency_plot(_powers(points), efficiency, profile.name))
     claim.verify(
         profile.name,
         throughput_gain=throughput_gain,
         latency_gain=latency_gain,
         step_ms={p.batch: round(p.latency_s * 1e3, 2) for p in points},
         tokens_per_s={p.batch: round(p.throughput, 3) for p in points},
+        copy_gb_s=round(bandwidth / 1e9, 2),
+        decode_efficiency={b: round(e, 3) for b, e in efficiency.items()},
     )
 
 

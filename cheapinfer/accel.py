@@ -1,0 +1,218 @@
+"""What a CUDA device does differently from the CPU, in one place, each with its CPU counterpart.
+
+============================  ============================================  ==========================================
+what                          CUDA                                          CPU (the counterpart CI tests)
+============================  ============================================  ==========================================
+wait for queued work          ``torch.cuda.synchronize``                    nothing is queued
+time one call                 CUDA events around the call                   ``time.perf_counter`` around the call
+peak above resident weights   ``max_memory_allocated`` after                :class:`LivePeak`: live bytes of the
+                              ``reset_peak_memory_stats``, minus            tensors created inside the call
+                              ``memory_allocated`` before
+copy bandwidth                a 512 MiB copy on the device, timed like      the same copy in host memory
+                              any call (:func:`copy_callable`)
+attention kernel              torch's own choice for the shapes: flash,     the same choice: flash-cpu (tiled) or
+                              memory-efficient, cuDNN or math               math
+description                   name, memory, compute capability, driver,     ``gpu = none``
+                              CUDA, cuDNN
+============================  ============================================  ==========================================
+
+The CUDA branches are the few lines under ``if _cuda(device)``; everything else is shared.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import weakref
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: Bytes of the copy that measures a device's bandwidth: far beyond any last-level cache (a CPU's
+#: tens of MB, an H100's or H200's 50-60 MB of L2), so the copy streams from and to memory.
+COPY_BYTES = 512 * 2**20
+
+
+def _cuda(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for queued kernels: call before reading a host clock around device work."""
+    if _cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def elapsed(fn: Callable[[], object], device: torch.device | str = "cpu") -> float:
+    """Seconds one call of ``fn`` takes on ``device``: CUDA events on a GPU, ``perf_counter`` elsewhere.
+
+    Work queued before the call is waited for first, so the clock sees only this call.
+    """
+    sync(device)
+    if _cuda(device):
+        with torch.cuda.device(device):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+        return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------
+# memory: peaks above the resident weights
+# ------------------------------------------------------------------------------------------------
+
+
+class LivePeak(TorchDispatchMode):
+    """Peak bytes of tensor storage created inside the block and still alive (CPU or any device).
+
+    Every op's output storage is counted once, from the op that creates it until the last tensor
+    viewing it is freed. Storage that existed before the block (weights, inputs) is not counted, so
+    the peak is "allocator peak minus resident weights" for allocators that have no statistics of
+    their own (the CPU's). No allocator rounding or caching: a lower bound on what an allocator holds.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._owners: dict[int, int] = {}  # storage data_ptr -> live tracked tensors viewing it
+        self._sizes: dict[int, int] = {}
+        self._tensors: set[int] = set()  # ids of tracked tensor objects
+
+    def _track(self, t: torch.Tensor, input_storages: set[int]) -> None:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key == 0 or id(t) in self._tensors:
+            return
+        if key not in self._owners:
+            if key in input_storages:
+                return  # a view of (or in-place on) storage made before the block: weights, inputs
+            self._owners[key] = 0
+            self._sizes[key] = storage.nbytes()
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+        self._owners[key] += 1
+        self._tensors.add(id(t))
+        weakref.finalize(t, self._release, key, id(t))
+
+    def _release(self, key: int, tid: int) -> None:
+        self._tensors.discard(tid)
+        self._owners[key] -= 1
+        if self._owners[key] == 0:
+            self.live -= self._sizes.pop(key)
+            del self._owners[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else (a,))]
+        inputs = {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor) and not t.is_meta}
+        out = func(*args, **kwargs)
+        for t in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                self._track(t, inputs)
+        return out
+
+
+def peak_above_resident(fn: Callable[[], object], device: torch.device | str) -> int:
+    """Peak bytes ``fn`` needs above what was resident before it (weights, inputs, caches).
+
+    CUDA: the caching allocator's own statistics (its peak includes its rounding). Elsewhere:
+    :class:`LivePeak`, the live bytes of the tensors the call creates.
+    """
+    if _cuda(device):
+        sync(device)
+        torch.cuda.empty_cache()
+        resident = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - resident
+    with LivePeak() as tracker:
+        fn()
+    return tracker.peak
+
+
+# ------------------------------------------------------------------------------------------------
+# bandwidth
+# ------------------------------------------------------------------------------------------------
+
+
+def copy_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:
+    """A STREAM-style copy of ``nbytes`` and the bytes it moves (read + write): time it beside the work it bounds."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return (lambda: dst.copy_(src)), 2 * src.numel() * 4
+
+
+# ------------------------------------------------------------------------------------------------
+# attention kernel
+# ------------------------------------------------------------------------------------------------
+
+_SDPA_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+
+
+def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = True) -> str:
+    """The kernel ``scaled_dot_product_attention`` takes for these inputs, as torch chooses it.
+
+    Asks torch's own selector (the function ``scaled_dot_product_attention`` calls), so the answer
+    follows the installed torch, the inputs' device, dtype and shapes, and any ``sdpa_kernel``
+    restriction in force: ``flash``, ``efficient``, ``cudnn`` or ``math`` on CUDA; ``flash-cpu``
+    (torch's tiled CPU kernel) or ``math`` on a CPU.
+    """
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return "unknown (this torch has no _fused_sdp_choice)"
+    name = _SDPA_NAMES.get(int(choose(q, k, v, attn_mask, 0.0, is_causal)), "unknown")
+    return f"{name}-cpu" if name == "flash" and q.device.type == "cpu" else name
+
+
+def attention_backend(device: torch.device | str, dtype: torch.dtype | None = None, heads: int = 14, n: int = 256, head_dim: int = 64) -> str:
+    """The kernel a causal attention of the book's shape ([1, 14, n, 64]) takes on ``device``: fp16 on CUDA, fp32 elsewhere."""
+    dtype = dtype or (torch.float16 if _cuda(device) else torch.float32)
+    q = torch.zeros(1, heads, n, head_dim, dtype=dtype, device=device)  # [B, H, S, D]
+    return f"{sdpa_backend(q, q, q)} ({str(dtype).removeprefix('torch.')}, [1, {heads}, {n}, {head_dim}], causal)"
+
+
+# ------------------------------------------------------------------------------------------------
+# description
+# ------------------------------------------------------------------------------------------------
+
+
+def _nvidia_smi(query: str) -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "n/a"
+
+
+def describe(device: torch.device | str) -> dict[str, str]:
+    """The device in the words a reader compares runs by; on a CPU, the GPU entries say none."""
+    desc = {
+        "gpu": "none",
+        "gpu_memory_gib": "n/a",
+        "gpu_capability": "n/a",
+        "driver": "n/a",
+        "cuda_driver": "n/a",
+        "cuda": torch.version.cuda or "n/a (CPU build)",  # the CUDA torch was built with
+        "cudnn": "n/a",
+        "attention_backend": attention_backend(device),
+    }
+    if _cuda(device):
+        props = torch.cuda.get_device_properties(device)
+        driver_cuda = getattr(torch._C, "_cuda_getDriverVersion", lambda: 0)()  # e.g. 12040: the newest CUDA the driver runs
+        desc |= {
+            "gpu": props.name,
+            "gpu_memory_gib": f"{props.total_memory / 2**30:.1f}",
+            "gpu_capability": f"{props.major}.{props.minor}",
+            "driver": _nvidia_smi("driver_version"),
+            "cuda_driver": f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}" if driver_cuda else "n/a",
+            "cudnn": str(torch.backends.cudnn.version()),
+        }
+    return desc

@@ -1,0 +1,90 @@
+"""The CPU counterparts of what ``cheapinfer.accel`` does on CUDA: clock, memory peak, copy bandwidth,
+attention kernel, device description; and decode efficiency, which reads a step against that bandwidth."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from cheapinfer import accel, kv
+from cheapinfer.arch import qwen2_config
+
+CPU = torch.device("cpu")
+
+
+def test_elapsed_times_the_call_on_the_cpu_clock():
+    seconds = accel.elapsed(lambda: time.sleep(0.05), CPU)
+    assert 0.05 <= seconds < 0.5
+
+
+def test_elapsed_returns_what_the_call_took_not_what_came_before():
+    started = time.perf_counter()
+    time.sleep(0.05)
+    assert accel.elapsed(lambda: None, CPU) < 0.01 < time.perf_counter() - started
+
+
+def test_peak_above_resident_counts_what_the_call_creates():
+    n = 2**18  # fp32: 1 MiB
+    # ones (1 MiB) and ones + 1 (1 MiB) are alive together: the peak is both
+    assert accel.peak_above_resident(lambda: torch.ones(n) + 1, CPU) == 2 * 4 * n
+
+
+def test_peak_above_resident_leaves_out_the_resident_weights():
+    weights = torch.ones(2**20)
+    assert accel.peak_above_resident(lambda: weights.mul_(2), CPU) == 0  # in place on resident storage
+    assert accel.peak_above_resident(lambda: weights.sum(), CPU) == 4  # one fp32 scalar
+
+
+def test_peak_above_resident_sees_freed_temporaries_at_their_peak():
+    n = 2**18
+
+    def one_at_a_time():
+        for _ in range(4):
+            t = torch.ones(n)
+            del t
+
+    assert accel.peak_above_resident(one_at_a_time, CPU) == 4 * n  # never two alive at once
+
+
+def test_copy_callable_copies_and_counts_read_and_write():
+    copy, moved = accel.copy_callable(2**20, CPU)
+    assert moved == 2 * 2**20
+    dst = copy()
+    assert dst.numel() == 2**18 and bool((dst == 1).all())
+
+
+def test_copy_bandwidth_timed_on_the_cpu_is_a_plausible_memory_speed():
+    copy, moved = accel.copy_callable(64 * 2**20, CPU)
+    copy()
+    bandwidth = moved / min(accel.elapsed(copy, CPU) for _ in range(3))
+    assert 1e8 < bandwidth < 1e13  # 0.1 GB/s (a broken clock or no copy) .. 10 TB/s (no CPU copies faster)
+
+
+def test_sdpa_backend_reports_the_kernel_torch_takes_on_the_cpu():
+    q = torch.zeros(1, 14, 64, 64)  # [B, H, S, D]
+    assert accel.sdpa_backend(q, q, q) == "flash-cpu"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):  # a restriction in force changes the answer
+        assert accel.sdpa_backend(q, q, q) == "math"
+
+
+def test_describe_cpu_says_no_gpu_and_names_the_attention_kernel():
+    desc = accel.describe(CPU)
+    assert desc["gpu"] == "none" and desc["cudnn"] == "n/a" and desc["gpu_capability"] == "n/a"
+    assert desc["attention_backend"].startswith("flash-cpu (float32, [1, 14, 256, 64]")
+    assert set(desc) >= {"gpu", "gpu_memory_gib", "gpu_capability", "driver", "cuda_driver", "cuda", "cudnn", "attention_backend"}
+
+
+def test_decode_bytes_are_the_weights_and_the_caches_the_step_reads():
+    from transformers import AutoModelForCausalLM
+
+    config = qwen2_config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    batch, context = 3, 10
+    cache = kv.random_cache(model.config, context, torch.float32, CPU, batch=batch)
+    weights = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())
+    assert kv.decode_bytes(model, batch, context) == weights + kv.dynamic_cache_bytes(cache)
+    assert kv.decode_efficiency(2_000, 0.5, 8_000) == pytest.approx(0.5)
