@@ -599,6 +599,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         "",
         *markdown_table(*result["table"].values()),
         "",
+        *_cost_lines(result),
         f"KV blocks ({kv['block_size']}-token blocks, pool of {kv['pool_blocks']}): peak in use, vLLM's block pool vs the suite's paged accounting of the same steps",
         "",
         *markdown_table(
@@ -612,6 +613,26 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         f"same tokens as run alone: {'yes' if px['same_tokens_as_alone'] else 'no'}",
     ]
     return lines
+
+
+def _cost_lines(result: dict[str, Any]) -> list[str]:
+    """The step costs behind the columns, when the record has them."""
+    out = []
+    if result["vllm"].get("step_cost_ms"):
+        ms = ", ".join(f"{k}: {v:.0f}" for k, v in result["vllm"]["step_cost_ms"].items())
+        out.append(f"vLLM step cost by running requests (median ms, fed to the simulation): {ms}")
+    rounds = result["vllm"].get("ratios_per_round", {}).get("vLLM", [])
+    if len(rounds) > 1:
+        each = lambda key: ", ".join(f"{r[key]:.2f}" for r in rounds)  # noqa: E731
+        out.append(f"vLLM round by round (load drift between runs): throughput {each('throughput_ratio')}x; mean latency {each('latency_ratio')}x")
+    suite = result.get("suite_scheduler")
+    if suite:
+        sim = suite["simulation_with_its_step_costs"]
+        out.append(
+            f"The simulation fed with the suite scheduler's own probed step costs: throughput {sim['throughput_ratio']:.2f}x, "
+            f"mean latency {sim['latency_ratio']:.2f}x (from admission {sim['service_latency_ratio']:.2f}x)"
+        )
+    return out + ([""] if out else [])
 
 
 def engine_cli(argv: list[str]) -> int:
