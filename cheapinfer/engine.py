@@ -84,7 +84,7 @@ DEFAULT_LENGTH_SCALE = 8
 #: load drift between runs is what the rounds average out).
 DEFAULT_ROUNDS = 3
 #: KV block size given to vLLM: its CPU attention kernel takes multiples of 32 (its default is 128);
-#: 32 is the nearest to the suite's 16 and gives a sequence of the workload more than one block.
+#: 32 is the nearest to the suite's 16; with PAGE-WASTE's 48-token prompts a sequence spans 2-3 blocks.
 BLOCK_SIZE = 32
 #: Prompt length of the untimed KV-block run: PAGE-WASTE's 48-token prompt before each output.
 KV_PROMPT = 48
