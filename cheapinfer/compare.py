@@ -18,7 +18,10 @@ moved beyond its tolerance, and exits 1 on a regression:
   machine, not a measured one. Tighten it on a quiet, dedicated CI runner; widen it when comparing
   machines of different kinds.
 
-Exit status: 0 no regression, 1 regression, 2 usage error (argparse).
+Every change to *not run* is printed with its reason; one whose test raised before a verdict is a
+*harness error* (the suite or a library broke, not the claim) and is listed apart from the claims that
+changed. Exit status: 0 no regression, 1 regression (harness errors of a passing claim included), 2 usage
+error or a record that cannot be read or is ill-formed (one line).
 
 ``python -m cheapinfer merge A B C ...`` puts several run records into one claim x machine matrix
 (Markdown; ``--json`` for JSON), each machine labelled by its GPU (or CPU) name and the versions of
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
-from .report import KEY_ENVIRONMENT, load, machine_label, markdown_table
+from .report import KEY_ENVIRONMENT, RECORD_NAME, load, machine_label, markdown_table
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
 BAND = 0.25
@@ -58,11 +61,13 @@ class Change:
     after: Any
     tolerance: str  # how far the value may move, or "" for a verdict
     regression: bool
+    reason: str = ""  # why the claim is now *not run* (a verdict change to not run)
+    harness: bool = False  # now not run because its test raised before a verdict: the suite or a library broke, not the claim
 
     def line(self) -> str:
-        tag = "REGRESSION" if self.regression else "changed"
+        tag = "HARNESS" if self.harness else "REGRESSION" if self.regression else "changed"
         if self.what == "verdict":
-            body = f"verdict: {self.before} -> {self.after}"
+            body = f"verdict: {self.before} -> {self.after}" + (f" ({self.reason})" if self.reason else "")
         else:
             body = f"{self.what}: {_v(self.before)} -> {_v(self.after)} (moved beyond {self.tolerance})"
         return f"{tag:<11} {self.claim} [{self.profile}] {body}"
@@ -207,14 +212,92 @@ def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[s
     return [f"{k}: {ea.get(k, '-')} -> {eb.get(k, '-')}" for k in keys if ea.get(k) != eb.get(k)]
 
 
-def _load(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+class RecordError(ValueError):
+    """A run record that cannot be read or is not the shape this suite writes."""
+
+
+def _expect(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise RecordError(f"{where}: expected {what}")
+
+
+def check_record(record: Any) -> None:
+    """RecordError naming the first entry of ``record`` that is not what ``compare`` and ``merge`` read."""
+    _expect(isinstance(record, dict), "the record", "a JSON object")
+    _expect(isinstance(record.get("claims"), dict), "'claims'", "an object of claims by ID")
+    for key in ("environment", "run"):
+        _expect(isinstance(record.get(key, {}), dict), f"'{key}'", "an object")
+    for cid, claim in record["claims"].items():
+        where = f"claim {cid}"
+        _expect(isinstance(claim, dict), where, "an object")
+        _expect(isinstance(claim.get("verdict"), str), f"{where}: 'verdict'", "a string")
+        _expect(isinstance(claim.get("section"), str) and isinstance(claim.get("statement"), str), where, "a text 'section' and 'statement'")
+        _expect(isinstance(claim.get("book", {}), dict), f"{where}: 'book'", "an object")
+        _expect(isinstance(claim.get("checks", []), list), f"{where}: 'checks'", "a list")
+        for i, spec in enumerate(claim.get("checks", [])):
+            at = f"{where}: checks[{i}]"
+            _expect(isinstance(spec, dict) and isinstance(spec.get("q"), str) and spec.get("kind") in ("digits", "shape"), at, "an object with 'q' and 'kind' digits|shape")
+            if spec["kind"] == "digits":
+                _expect(spec.get("form") in ("exact", "rel", "abs"), f"{at}: 'form'", "exact, rel or abs")
+                _expect(spec["form"] == "exact" or (_number(spec.get("tol")) is not None), f"{at}: 'tol'", "a number")
+        _expect(isinstance(claim.get("results", []), list), f"{where}: 'results'", "a list")
+        for i, r in enumerate(claim.get("results", [])):
+            at = f"{where}: results[{i}]"
+            _expect(isinstance(r, dict) and isinstance(r.get("profile"), str) and isinstance(r.get("verdict"), str), at, "an object with a 'profile' and a 'verdict'")
+            _expect(isinstance(r.get("reason", ""), str), f"{at}: 'reason'", "a string")
+            _expect(isinstance(r.get("checks", []), list), f"{at}: 'checks'", "a list")
+            for j, chk in enumerate(r.get("checks", [])):
+                _expect(
+                    isinstance(chk, dict) and isinstance(chk.get("q"), str) and "measured" in chk
+                    and isinstance(chk.get("asserted"), bool) and isinstance(chk.get("passed"), bool),
+                    f"{at}: checks[{j}]", "an object with 'q', 'measured', and true/false 'asserted' and 'passed'",
+                )
+
+
+def _fail(prog: str, message: str) -> None:
+    """One line on standard error, exit status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _load(prog: str, path: Path) -> dict[str, Any]:
+    """A run record, read and checked; anything else is one line and exit status 2."""
     try:
         record = load(path)
-    except (OSError, json.JSONDecodeError) as exc:
-        parser.error(f"no readable run record at {path} (give a run.json, or the report directory holding it): {exc}")
-    if not isinstance(record, dict) or "claims" not in record:
-        parser.error(f"{path} is not a run record of this suite (no 'claims')")
+        check_record(record)
+    except RecordError as exc:
+        _fail(prog, f"{path} is not a well-formed run record of this suite: {exc}")
+    except (OSError, ValueError, RecursionError) as exc:  # missing, unreadable, not UTF-8, not JSON
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        _fail(prog, f"no readable run record at {path} (give a run.json, or the report directory holding it): {reason}")
     return record
+
+
+def _reason_of(record: dict[str, Any], cid: str, profile: str) -> str:
+    """Why ``cid`` is *not run* on ``profile`` in ``record`` (its first not-run result there)."""
+    for r in record["claims"].get(cid, {}).get("results", []):
+        if r["verdict"] == NOT_RUN and profile in ("-", r["profile"]):
+            return r.get("reason") or "no reason recorded"
+    return ""
+
+
+def annotate(changes: list[Change], after: dict[str, Any]) -> list[Change]:
+    """Give every change to *not run* its reason, and mark those whose test raised before a verdict as harness errors."""
+    for c in changes:
+        if c.what == "verdict" and c.after == NOT_RUN:
+            c.reason = _reason_of(after, c.claim, c.profile)
+            c.harness = c.reason.startswith(ERROR_REASON)
+    return changes
+
+
+def _band(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (a relative band, e.g. 0.25), not {text}")
+    return value
 
 
 def compare_cli(argv: list[str]) -> int:
@@ -224,28 +307,36 @@ def compare_cli(argv: list[str]) -> int:
     )
     p.add_argument("before", type=Path, help="run.json, or the report directory holding it (e.g. reports)")
     p.add_argument("after", type=Path, help="run.json, or the report directory holding it (e.g. reports/latest)")
-    p.add_argument("--band", type=float, default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
+    p.add_argument("--band", type=_band, default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
     p.add_argument("--verdicts-only", action="store_true", help="a value that moved is printed but is not a regression; only verdicts decide the exit status")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     args = p.parse_args(argv)
-    before, after = _load(p, args.before), _load(p, args.after)
-    changes = compare(before, after, args.band)
+    before, after = _load(p.prog, args.before), _load(p.prog, args.after)
+    try:
+        changes = annotate(compare(before, after, args.band), after)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a shape check_record does not cover
+        _fail(p.prog, f"{args.before} or {args.after} is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
     if args.verdicts_only:
         for c in changes:
             c.regression = c.regression and c.what == "verdict"
     regressions = [c for c in changes if c.regression]
+    harness = [c for c in changes if c.harness]
     if args.json:
         print(json.dumps({"before": str(args.before), "after": str(args.after), "environment": environment_changes(before, after),
-                          "changes": [asdict(c) for c in changes], "regressions": len(regressions)}, indent=1, default=str))
+                          "changes": [asdict(c) for c in changes], "regressions": len(regressions), "harness_errors": len(harness)}, indent=1, default=str))
     else:
         print(f"before: {args.before}: {machine_label(before.get('environment', {}))}, {before.get('created', '?')}")
         print(f"after:  {args.after}: {machine_label(after.get('environment', {}))}, {after.get('created', '?')}")
         for line in environment_changes(before, after):
             print(f"  environment {line}")
-        for c in sorted(changes, key=lambda c: not c.regression):
+        # Claims that changed first, then the harness errors (a test raised before its verdict), then the rest.
+        for c in sorted(changes, key=lambda c: (c.harness, not c.regression)):
             print(c.line())
         n = len(set(before["claims"]) | set(after["claims"]))
-        print(f"{n} claims compared: {len(regressions)} regression(s), {len(changes) - len(regressions)} other change(s).")
+        claimed = [c for c in regressions if not c.harness]
+        others = [c for c in changes if not c.regression and not c.harness]
+        print(f"{n} claims compared: {len(claimed)} regression(s), {len(others)} other change(s), "
+              f"{len(harness)} harness error(s) (a test raised before its verdict: the suite or a library broke, not the claim).")
     return 1 if regressions else 0
 
 
@@ -336,13 +427,44 @@ def merge_cli(argv: list[str]) -> int:
     p.add_argument("records", nargs="+", type=Path, help="run.json files, or the report directories holding them")
     p.add_argument("--json", action="store_true", help="write JSON instead of Markdown")
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of standard output")
+    p.add_argument("--force", action="store_true", help="overwrite the output even if it is one of the records or not a previous matrix")
     args = p.parse_args(argv)
-    records = [_load(p, path) for path in args.records]
+    if args.output and not args.force:
+        refusal = _overwrite_refusal(args.output, args.records, args.json)
+        if refusal:
+            _fail(p.prog, f"-o {args.output}: {refusal}; nothing was written (pass --force to overwrite it)")
+    records = [_load(p.prog, path) for path in args.records]
     sources = [str(path) for path in args.records]
-    text = json.dumps(merge(records, sources), indent=1, default=str) + "\n" if args.json else merge_markdown(records, sources)
+    try:
+        text = json.dumps(merge(records, sources), indent=1, default=str) + "\n" if args.json else merge_markdown(records, sources)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a shape check_record does not cover
+        _fail(p.prog, f"a record is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text, encoding="utf-8")
+        try:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            _fail(p.prog, f"-o {args.output}: cannot write it ({exc.strerror or exc})")
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _overwrite_refusal(output: Path, records: list[Path], as_json: bool) -> str | None:
+    """Why writing the matrix to ``output`` would destroy something: one of the input records, or a file of another kind."""
+    if output.is_dir():
+        return "it is a directory"
+    if not output.exists():
+        return None
+    inputs = {(r / RECORD_NAME if r.is_dir() else r).resolve() for r in records}
+    if output.resolve() in inputs:
+        return "it is one of the records being merged"
+    if not as_json:
+        return None if output.suffix.lower() in (".md", ".markdown") else "it exists and is not a Markdown file"
+    try:
+        previous = json.loads(output.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    if isinstance(previous, dict) and {"machines", "summary", "claims"} <= set(previous):
+        return None
+    return "it exists and is not a matrix written by merge --json"

@@ -50,6 +50,30 @@ def raw_text(path: str | Path | None = None) -> str:
     return source.read_text(encoding="utf-8")
 
 
+def check_file(path: str | Path) -> None:
+    """ValueError, one line, unless ``path`` is a UTF-8 text file long enough for perplexity.
+
+    Long enough is checked here in bytes of cleaned text: a token of a byte-level tokenizer covers
+    at least one byte, so fewer than ``HELD_OUT + 1`` bytes can never give ``HELD_OUT + 1`` tokens.
+    The exact count depends on the tokenizer and is checked where the text is tokenized (:func:`held_out_ids`).
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"--corpus {path}: expected a plain-text file of English prose, but there is no such file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--corpus {path}: not UTF-8 text (byte {exc.start:,}: {exc.reason}); convert it to UTF-8") from None
+    except OSError as exc:
+        raise ValueError(f"--corpus {path}: cannot be read ({exc.strerror or exc})") from None
+    size = len(clean(text).encode("utf-8"))
+    if size < HELD_OUT + 1:
+        raise ValueError(
+            f"--corpus {path}: too short: {size:,} bytes of text after cleaning; perplexity scores {HELD_OUT:,} tokens "
+            f"and needs at least {HELD_OUT + 1:,} tokens (a few pages of prose)"
+        )
+
+
 def describe(path: str | Path | None = None) -> str:
     """Where the corpus came from, for the report."""
     return str(path) if path else f"{artifacts.CORPUS.requirement}: {artifacts.CORPUS.description}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,31 +72,66 @@ def twin(dtype: str = "fp32", device: str | torch.device = "cpu", seed: int = SE
     return Profile("twin", model, None, f"random weights, seed {seed}, {dtype}", {"arch": QWEN25_05B.name})
 
 
-def _converted_dir() -> Path:
-    return artifacts.cache_dir() / "models" / artifacts.STAND_IN.key
+def library_versions() -> dict[str, str]:
+    """The versions of the libraries that convert the stand-in: a conversion is only reused by the same ones."""
+    from importlib.metadata import version
+
+    import transformers
+
+    return {"transformers": transformers.__version__, "gguf": version("gguf"), "torch": torch.__version__}
+
+
+def converted_dir(versions: dict[str, str] | None = None) -> Path:
+    """Where the stand-in converted by these library versions lives: one folder per set of versions.
+
+    A conversion by transformers 5.x names tokenizer classes that 4.x does not know, so the pinned and
+    the other tox environments must never read each other's conversion.
+    """
+    versions = versions or library_versions()
+    return artifacts.cache_dir() / "converted" / artifacts.STAND_IN.key / "_".join(f"{k}-{v}" for k, v in versions.items())
+
+
+_CONVERTED = "the converted stand-in"
 
 
 def convert_stand_in() -> Path:
-    """Dequantize the pinned GGUF once into a safetensors checkpoint in the cache."""
+    """The stand-in as a safetensors checkpoint: dequantized once from the pinned GGUF, checked on every use.
+
+    The conversion records the sha256 of every file it writes (``cheapinfer.json``); a file that differs
+    later is an :class:`artifacts.ArtifactError` naming it, never loaded.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = _converted_dir()
-    stamp = out / "cheapinfer.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("gguf_sha256") == artifacts.STAND_IN.member_sha256:
-        return out
+    versions = library_versions()
+    out = converted_dir(versions)
+    if out.exists():
+        made = artifacts.check_manifest(out, _CONVERTED)
+        if made.get("gguf_sha256") == artifacts.STAND_IN.member_sha256 and made.get("versions") == versions:
+            return out
+        raise artifacts.ArtifactError(
+            f"{out / artifacts.MANIFEST}: {_CONVERTED} was made from GGUF {made.get('gguf_sha256')} with {made.get('versions')}, "
+            f"not from the pinned {artifacts.STAND_IN.member_sha256} with {versions}; nothing in {out} is used. "
+            f"Delete {out} and run `{artifacts.FETCH_COMMAND}` to convert it again."
+        )
     gguf = artifacts.fetch(artifacts.STAND_IN)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = type(model.config).from_dict({k: v for k, v in model.config.to_dict().items() if k != "quantization_config"})
     clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     clean.load_state_dict(model.state_dict())
-    tmp = out.with_name(out.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    clean.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "cheapinfer.json").write_text(json.dumps({"gguf_sha256": artifacts.STAND_IN.member_sha256, "source": artifacts.STAND_IN.requirement}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".", suffix=".part"))
+    try:
+        clean.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        artifacts.record_manifest(tmp, gguf_sha256=artifacts.STAND_IN.member_sha256, source=artifacts.STAND_IN.requirement, versions=versions)
+        tmp.rename(out)
+    except OSError:
+        if not out.exists():
+            raise
+        artifacts.check_manifest(out, _CONVERTED)  # another run converted it meanwhile: use theirs, checked
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -113,6 +149,54 @@ def stand_in(device: str | torch.device = "cpu", dtype: str = "fp32") -> Profile
     return Profile("stand-in", _eager(model.to(device)), tokenizer, f"{artifacts.STAND_IN.requirement} ({artifacts.STAND_IN.description})")
 
 
+def _check_safetensors(path: Path, label: str) -> None:
+    """A safetensors file whose header parses and whose size covers every tensor it describes (no tensor is read)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 0 or n > size - 8:
+                raise BookModelError(f"{label}: {path.name} is truncated or not a safetensors file ({size:,} bytes, too short for its header)")
+            header = json.loads(f.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise BookModelError(f"{label}: {path.name} is not a readable safetensors file ({exc})") from None
+    if 8 + n + end > size:
+        raise BookModelError(f"{label}: {path.name} is truncated: it holds {size:,} bytes, its header describes {8 + n + end:,}")
+
+
+def _check_checkpoint(p: Path, label: str, repo: str) -> None:
+    """A directory transformers can load as a causal LM: readable config of a known architecture, complete safetensors weights."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BookModelError(f"{label}: config.json is not readable JSON ({exc})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise BookModelError(
+            f"{label}: config.json names the architecture {model_type!r}, unknown to transformers {transformers.__version__}; "
+            f"expected a checkpoint of {repo} (model_type 'qwen2')"
+        )
+    weights = sorted(p.glob("*.safetensors"))
+    if not weights:
+        raise BookModelError(f"{label}: no weights (*.safetensors) in the directory; expected a checkpoint of {repo}")
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BookModelError(f"{label}: {index.name} is not a readable weight index ({exc})") from None
+        missing = sorted(s for s in shards if not (p / s).is_file())
+        if missing:
+            raise BookModelError(f"{label}: {index.name} names weight files that are missing: {', '.join(missing)}")
+    for w in weights:
+        _check_safetensors(w, label)
+
+
 def find_book(path: str | None = None, variant: str = "instruct") -> Path:
     """The book model's directory: ``path`` if given, else the Hugging Face cache (offline)."""
     if path:
@@ -123,6 +207,7 @@ def find_book(path: str | None = None, variant: str = "instruct") -> Path:
                 f"(config.json, *.safetensors, tokenizer files) of {BOOK_REPOS[variant]}, "
                 f"but {'it does not exist' if not p.exists() else 'it has no config.json'}"
             )
+        _check_checkpoint(p, f"--book-model {path}", BOOK_REPOS[variant])
         return p
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError

@@ -10,6 +10,8 @@ of the record (no clock, no registry, no machine), so a checked-in record pins t
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +23,8 @@ from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOL
 
 RECORD_NAME = "run.json"
 ERRATA_NAME = "errata.md"
+#: Every run's own record, ``<report dir>/runs/<UTC stamp>-<pid>.json``, beside the latest ``run.json``.
+RUNS_DIR = "runs"
 SCHEMA = 1
 #: The environment entries a reader needs to compare two runs, in the order the report shows them.
 KEY_ENVIRONMENT = ("cpu", "gpu", "driver", "cuda", "torch", "transformers", "bitsandbytes", "gguf")
@@ -101,13 +105,62 @@ def build(
     return record
 
 
+def writable_dir(path: Path) -> Path:
+    """``path``, created if needed, once a file could be written in it; ValueError with the reason otherwise."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError("it is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the directory ({exc.strerror or exc})") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot write in the directory ({exc.strerror or exc})") from None
+    return path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: readers see the old file or the new one."""
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
+        tmp = Path(f.name)
+        try:
+            f.write(text)
+        except BaseException:
+            f.close()
+            tmp.unlink()
+            raise
+    os.replace(tmp, path)
+
+
+def _json(record: dict[str, Any]) -> str:
+    return json.dumps(record, indent=1, sort_keys=False, default=str) + "\n"
+
+
+def keep(record: dict[str, Any], outdir: Path) -> Path:
+    """This run's own copy of the record, ``runs/<UTC stamp>-<pid>.json``: concurrent and repeated runs lose nothing."""
+    runs = Path(outdir) / RUNS_DIR
+    runs.mkdir(parents=True, exist_ok=True)
+    stamp = str(record.get("created", "")).replace("-", "").replace(":", "") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    base = f"{stamp}-{os.getpid()}"
+    path, n = runs / f"{base}.json", 1
+    while path.exists():  # the same process, twice in one second; other processes have other pids
+        n += 1
+        path = runs / f"{base}-{n}.json"
+    _atomic_write(path, _json(record))
+    return path
+
+
 def write(record: dict[str, Any], outdir: Path) -> tuple[Path, Path]:
+    """The latest record and errata report (``run.json``, ``errata.md``), each replaced atomically."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     rec = outdir / RECORD_NAME
-    rec.write_text(json.dumps(record, indent=1, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    _atomic_write(rec, _json(record))
     md = outdir / ERRATA_NAME
-    md.write_text(markdown(record), encoding="utf-8")
+    _atomic_write(md, markdown(record))
     return rec, md
 
 

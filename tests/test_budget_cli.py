@@ -35,6 +35,9 @@ def test_budget_cli_says_when_the_weights_do_not_fit(capsys):
         pytest.param(["--gpu-gib", "16", "--model", "7b", "--bits", "-4"], "--bits must be > 0", id="negative-bits"),
         pytest.param(["--gpu-gib", "16", "--model", "7b"], "required", id="missing-bits"),
         pytest.param(["--gpu-gib", "16", "--model", "7b", "--bits", "8", "--reserve-gib", "-1"], "--reserve-gib", id="negative-reserve"),
+        pytest.param(["--gpu-gib", "1e308", "--model", "7b", "--bits", "8"], "memory too large to count in bytes", id="memory-overflows"),
+        pytest.param(["--gpu-gib", "16", "--model", "7b", "--bits", "1e308"], "weights too large to count in bytes", id="bits-overflow"),
+        pytest.param(["--gpu-gib", "16", "--model", "7b", "--bits", "8", "--reserve-gib", "1e308"], "reserve too large to count in bytes", id="reserve-overflows"),
     ],
 )
 def test_budget_cli_rejects_bad_input_with_a_clear_error(argv, message, capsys):

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", f"--benchmark-json={tmp_path / 'b.json'}", *args]
+    cmd = [sys.executable, "-m", "pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -99,3 +99,59 @@ def test_another_architecture_as_book_model_deviates_without_crashing(tmp_path):
     book = {cid: r for cid, c in record["claims"].items() for r in c["results"] if r["profile"] == "book"}
     assert book and all(r["verdict"] != "not run" for r in book.values()), {cid: r.get("reason") for cid, r in book.items() if r["verdict"] == "not run"}
     assert book["OUT-DIM62"]["verdict"] == "deviates" and book["OUT-DIM62"]["measured"]["dim"] != 62
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs that are there but unusable: one line, pytest's usage-error exit (4), no traceback
+# ----------------------------------------------------------------------------------------------
+
+
+def _book_dir(tmp_path: Path, model_type: str = "qwen2", weights: str = "whole") -> Path:
+    """A checkpoint directory: config.json naming ``model_type``, and a safetensors file whole, truncated or absent."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path / f"model-{model_type}-{weights}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": model_type, "hidden_size": 8}))
+    if weights != "none":
+        save_file({"w": torch.zeros(1024)}, d / "model.safetensors")
+        if weights == "truncated":
+            data = (d / "model.safetensors").read_bytes()
+            (d / "model.safetensors").write_bytes(data[: len(data) - 1000])
+    return d
+
+
+def _corpus(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"corpus-{kind}.txt"
+    if kind == "latin-1":
+        path.write_bytes("Café society in Paris, 1911. ".encode("latin-1") * 200)
+    else:
+        path.write_text("Too short to score 2,048 tokens. " * 10, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "option, make, message",
+    [
+        pytest.param("--corpus", lambda t: _corpus(t, "latin-1"), "not UTF-8 text (byte 3: invalid continuation byte)", id="corpus-not-utf8"),
+        pytest.param("--corpus", lambda t: _corpus(t, "short"), "too short: 329 bytes of text after cleaning", id="corpus-too-short"),
+        pytest.param("--book-model", lambda t: _book_dir(t, weights="truncated"), "model.safetensors is truncated", id="book-truncated"),
+        pytest.param("--book-model", lambda t: _book_dir(t, model_type="not-a-model"), "names the architecture 'not-a-model', unknown to transformers", id="book-unknown-architecture"),
+        pytest.param("--book-model", lambda t: _book_dir(t, weights="none"), "no weights (*.safetensors)", id="book-no-weights"),
+    ],
+)
+def test_an_unusable_input_is_one_line_and_a_usage_error(option, make, message, tmp_path):
+    path = make(tmp_path)
+    run = _pytest(f"{option}={path}", "--co", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if line.startswith("ERROR: ")]
+    assert lines == [lines[0]] and lines[0].startswith(f"ERROR: {option} {path}: ") and message in lines[0], run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+
+
+def test_a_whole_checkpoint_passes_the_book_model_checks(tmp_path):
+    d = _book_dir(tmp_path)
+    assert models.find_book(str(d)) == d

@@ -1,0 +1,154 @@
+"""compare and merge on bad input: one line and exit 2, never a traceback or the regression code;
+merge never overwrites a record; every change to *not run* carries its reason, harness errors apart."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cheapinfer import compare as cmp, report
+
+RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
+
+
+def _exit_2(argv: list[str], run, capsys) -> str:
+    """The one error line of a CLI call that must exit 2."""
+    with pytest.raises(SystemExit) as exc:
+        run(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if ": error: " in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("band", ["nan", "inf", "-inf", "-0.1", "abc"])
+def test_compare_rejects_a_band_that_is_not_finite_and_non_negative(band, capsys):
+    line = _exit_2([str(RECORD), str(RECORD), f"--band={band}"], cmp.compare_cli, capsys)
+    assert "argument --band" in line and band in line
+
+
+def test_compare_accepts_a_zero_band(capsys):
+    assert cmp.compare_cli([str(RECORD), str(RECORD), "--band", "0"]) == 0
+
+
+def _record() -> dict:
+    return json.loads(RECORD.read_text(encoding="utf-8"))
+
+
+def _first_result(rec: dict) -> dict:
+    return next(r for c in rec["claims"].values() for r in c["results"] if r.get("checks"))
+
+
+def _broken(kind: str) -> dict | bytes:
+    rec = _record()
+    if kind == "not-json":
+        return b"{ this is not json"
+    if kind == "not-utf8":
+        return b'{"claims": "\xff\xfe"}'
+    if kind == "not-an-object":
+        return [1, 2, 3]
+    if kind == "claims-a-list":
+        rec["claims"] = list(rec["claims"])
+    elif kind == "result-without-profile":
+        del _first_result(rec)["profile"]
+    elif kind == "check-without-asserted":
+        del _first_result(rec)["checks"][0]["asserted"]
+    elif kind == "digits-spec-without-tol":
+        spec = next(s for c in rec["claims"].values() for s in c["checks"] if s["kind"] == "digits" and s["form"] != "exact")
+        del spec["tol"]
+    elif kind == "verdict-a-number":
+        next(iter(rec["claims"].values()))["verdict"] = 3
+    return rec
+
+
+KINDS = ["not-json", "not-utf8", "not-an-object", "claims-a-list", "result-without-profile", "check-without-asserted", "digits-spec-without-tol", "verdict-a-number"]
+
+
+def _write(data, path: Path) -> Path:
+    path.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
+    return path
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compare_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path, capsys):
+    bad = _write(_broken(kind), tmp_path / "run.json")
+    line = _exit_2([str(RECORD), str(bad)], cmp.compare_cli, capsys)
+    assert str(bad) in line
+
+
+@pytest.mark.parametrize("kind", ["claims-a-list", "result-without-profile", "check-without-asserted"])
+def test_merge_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path, capsys):
+    bad = _write(_broken(kind), tmp_path / "run.json")
+    line = _exit_2([str(RECORD), str(bad)], cmp.merge_cli, capsys)
+    assert str(bad) in line
+
+
+def test_compare_of_a_malformed_record_through_the_command_line_is_exit_2_without_traceback(tmp_path):
+    bad = _write(_broken("result-without-profile"), tmp_path / "run.json")
+    run = subprocess.run([sys.executable, "-m", "cheapinfer", "compare", str(RECORD), str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "results[0]" in run.stderr
+
+
+def test_merge_refuses_to_overwrite_one_of_its_records(tmp_path, capsys):
+    rec = tmp_path / "a" / "run.json"
+    rec.parent.mkdir()
+    rec.write_bytes(RECORD.read_bytes())
+    for target in (rec, rec.parent):  # the file, or the report directory holding it: its run.json
+        out = target if target.is_file() else target / "run.json"
+        line = _exit_2([str(RECORD), str(target), "-o", str(out)], cmp.merge_cli, capsys)
+        assert "one of the records being merged" in line and "--force" in line
+    assert rec.read_bytes() == RECORD.read_bytes()
+
+
+def test_merge_refuses_to_overwrite_a_file_that_is_not_markdown_unless_forced(tmp_path, capsys):
+    other = tmp_path / "notes.txt"
+    other.write_text("keep me")
+    line = _exit_2([str(RECORD), "-o", str(other)], cmp.merge_cli, capsys)
+    assert "not a Markdown file" in line and other.read_text() == "keep me"
+    assert cmp.merge_cli([str(RECORD), "-o", str(other), "--force"]) == 0
+    assert other.read_text().startswith("# Claims x machines")
+
+
+def test_merge_overwrites_its_own_earlier_output(tmp_path):
+    md, js = tmp_path / "matrix.md", tmp_path / "matrix.json"
+    for _ in range(2):
+        assert cmp.merge_cli([str(RECORD), "-o", str(md)]) == 0
+        assert cmp.merge_cli([str(RECORD), "--json", "-o", str(js)]) == 0
+    assert json.loads(js.read_text())["machines"]
+
+
+def _not_run(rec: dict, cid: str, reason: str) -> dict:
+    rec = copy.deepcopy(rec)
+    claim = rec["claims"][cid]
+    claim["results"] = [{**r, "verdict": "not run", "reason": reason, "checks": [], "measured": {}} for r in claim["results"]]
+    claim["verdict"] = "not run"
+    return rec
+
+
+def test_compare_prints_the_reason_of_every_not_run_and_keeps_harness_errors_apart(tmp_path, capsys):
+    before = _record()
+    passing = [cid for cid, c in before["claims"].items() if c["verdict"] in ("reproduced", "shape holds") and c["results"][0]["profile"] != "-"]
+    errored, skipped = passing[0], passing[1]
+    after = _not_run(before, errored, "error before a verdict: ImportError: cannot import name 'DynamicCache'")
+    after = _not_run(after, skipped, "needs a CUDA device; this run uses cpu")
+    a, b = _write(before, tmp_path / "before.json"), _write(after, tmp_path / "after.json")
+    assert cmp.compare_cli([str(a), str(b)]) == 1  # a passing claim whose test now raises: a regression
+    out = capsys.readouterr().out.splitlines()
+    harness = [line for line in out if line.startswith("HARNESS ")]
+    assert harness and all(errored in line and "-> not run (error before a verdict: ImportError" in line for line in harness)
+    changed = [line for line in out if line.startswith("changed ") and skipped in line]
+    assert changed and all("-> not run (needs a CUDA device; this run uses cpu)" in line for line in changed)
+    assert not [line for line in out if line.startswith("REGRESSION")]
+    assert out[-1].endswith(
+        f"claims compared: 0 regression(s), {len(changed)} other change(s), {len(harness)} harness error(s) "
+        "(a test raised before its verdict: the suite or a library broke, not the claim)."
+    )
+    assert out.index(harness[0]) > max(out.index(line) for line in changed)  # listed after the claims that changed
+    report.load(b)  # the record stays readable
