@@ -271,6 +271,23 @@ def _dist_temperature_after_softmax():
         yield
 
 
+@fault(
+    "dist-hard-label",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-MILK",),
+    what="the teacher's label is its argmax token (one-hot), as when a distillation pipeline trains on the teacher's generated text instead of its distribution",
+)
+def _dist_hard_label():
+    import torch
+
+    def one_hot(logits, temperature=1.0):
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
+
+    with patched(distill, "distribution", one_hot):
+        yield
+
+
 # ------------------------------------------------------------------------------------------------
 # 8. The budget
 # ------------------------------------------------------------------------------------------------
