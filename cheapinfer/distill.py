@@ -61,6 +61,18 @@ def rank_ratio(probs: torch.Tensor, first: int = 1, other: int = 3) -> float:
     return float(ordered[first - 1] / ordered[other - 1])
 
 
+def root_identity_error(logits: torch.Tensor, temperature: float, k: int = 20) -> float:
+    """max over the top token against ranks 2..k of |r_T / r_1^(1/T) - 1|, r the probability ratio.
+
+    ``distribution`` at T and at 1, read on the measured logits: an identity, so ~1e-15 in float64.
+    """
+    p1, pt = distribution(logits), distribution(logits, temperature)
+    order = torch.argsort(p1, descending=True)[:k]  # [k]
+    r1 = p1[order[0]] / p1[order[1:]]  # [k - 1]
+    rt = pt[order[0]] / pt[order[1:]]
+    return float((rt / r1 ** (1.0 / temperature) - 1).abs().max())
+
+
 def order_unchanged(logits: torch.Tensor, temperature: float, k: int | None = None) -> bool:
     """The descending order of the (top ``k``) probabilities is the same at T = 1 and at ``temperature``."""
     a = torch.argsort(distribution(logits), descending=True, stable=True)

@@ -7,7 +7,9 @@ Three measurements of one model against its unquantized reference:
   non-overlapping windows of ``WINDOW`` = 512 tokens (stride 512) in one batched forward pass. Each
   window restarts its context (its first prediction sees one token), so the number is a little
   higher than a sliding-window perplexity would be; it is comparable between schemes, which is all
-  the table needs. No BOS token is added.
+  the table needs. No BOS token is added. ``library_perplexity`` computes the same number through
+  transformers' own shifted loss (``labels=``), one window of ``WINDOW + 1`` tokens per row: a
+  cross-check of the shift and of the windows (each held-out token scored exactly once).
 - **battery**: ``BATTERY``, 16 short factual questions with known answers written for this suite,
   asked through the tokenizer's chat template (when it has one) and answered under greedy decoding
   (``do_sample=False``) with the model's stock ``generation_config`` (repetition penalty included,
@@ -19,15 +21,24 @@ Three measurements of one model against its unquantized reference:
   fraction of those positions where its argmax, given the same reference prefix, is the reference's
   token. One teacher-forced forward pass per scheme over the three right-padded sequences (causal
   attention: padding at the end cannot reach earlier positions).
+
+Statistics: a battery change between two schemes is judged by McNemar's exact test (two-sided, on
+the questions one scheme answers and the other misses; ``LEVEL`` = 0.05), lost and gained answers
+reported separately; a single score gets an exact (Clopper-Pearson) interval at ``CONFIDENCE`` =
+0.95. ``resolution(n)`` says what a battery of n questions can resolve at all.
+
+The table's rows are built on first use (``Table.__getitem__``): a claim that reads two rows does
+not pay for seven.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy import stats
@@ -36,7 +47,8 @@ WINDOW = 512
 WINDOWS = 4
 ANSWER_TOKENS = 16
 AGREEMENT_TOKENS = 48
-CONFIDENCE = 0.95
+CONFIDENCE = 0.95  # of the exact binomial interval of one battery score
+LEVEL = 0.05  # two-sided significance level of the paired exact (McNemar) test
 
 #: (question, accepted answers as regular expressions matched on word boundaries, case-insensitive).
 BATTERY: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -84,6 +96,23 @@ def perplexity(model, ids: torch.Tensor, window: int = WINDOW) -> float:
     logits = model(input_ids=inputs, use_cache=False).logits  # [W, window, V]
     nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="mean")
     return math.exp(nll.item())
+
+
+@torch.no_grad()
+def library_perplexity(model, ids: torch.Tensor, window: int = WINDOW) -> float:
+    """The same perplexity through transformers' own loss: ``labels=`` shifts inside the model.
+
+    Row w holds tokens ``[w * window, (w + 1) * window]`` (``window + 1`` tokens, consecutive rows
+    share one): the model predicts the last ``window`` of them, so every held-out token is scored
+    exactly once. The mean of equal-sized window means is the mean over all tokens.
+    """
+    n = ids.numel() - 1
+    if n % window:
+        raise ValueError(f"{n} predicted tokens is not a multiple of the window {window}")
+    device = next(model.parameters()).device
+    rows = torch.stack([ids[s : s + window + 1] for s in range(0, n, window)]).to(device)  # [W, window + 1]
+    loss = model(input_ids=rows, labels=rows, use_cache=False).loss
+    return math.exp(float(loss))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,6 +199,66 @@ def binomial_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[f
     return float(ci.low), float(ci.high)
 
 
+@dataclass
+class PairedChange:
+    """Two schemes on the same questions: answers lost and gained by the second, and McNemar's exact p."""
+
+    lost: int  # right under the first, wrong under the second
+    gained: int  # wrong under the first, right under the second
+    p_value: float  # two-sided exact McNemar: binomial(lost + gained, 1/2); 1.0 when nothing changed
+
+    @property
+    def significant(self) -> bool:
+        return self.p_value < LEVEL
+
+
+def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> PairedChange:
+    """McNemar's exact test on paired right/wrong answers (two-sided)."""
+    if len(first) != len(second):
+        raise ValueError(f"paired answers of different lengths: {len(first)} and {len(second)}")
+    lost = sum(a and not b for a, b in zip(first, second))
+    gained = sum(b and not a for a, b in zip(first, second))
+    if lost + gained == 0:
+        return PairedChange(0, 0, 1.0)
+    return PairedChange(lost, gained, float(stats.binomtest(lost, lost + gained, 0.5).pvalue))
+
+
+@dataclass
+class Resolution:
+    """What a battery of ``n`` questions can resolve, by the interval and by the paired test."""
+
+    n: int
+    interval_coverage: float  # smallest exact coverage of the interval over true proportions 0.001..0.999
+    one_question_intervals_disjoint: bool  # for some k, the intervals of k/n and (k+1)/n do not overlap
+    one_question_p: float  # McNemar's exact p of one question lost and none gained
+    smallest_disjoint_gap: int  # fewest questions between two scores whose intervals can be disjoint
+    smallest_significant_change: int  # fewest one-way changes (m lost, 0 gained) that McNemar calls significant
+
+
+def resolution(n: int, confidence: float = CONFIDENCE, level: float = LEVEL) -> Resolution:
+    """What ``n`` questions can and cannot tell apart (exact intervals at ``confidence``, McNemar at ``level``)."""
+    ci = [binomial_interval(k, n, confidence) for k in range(n + 1)]
+    # exact coverage: P(true p inside the interval of the observed k), summed over the binomial law of k
+    truth = np.linspace(0.001, 0.999, 999)  # [P]
+    pmf = stats.binom.pmf(np.arange(n + 1)[:, None], n, truth[None, :])  # [n + 1, P]
+    inside = np.array([[lo <= t <= hi for t in truth] for lo, hi in ci])  # [n + 1, P]
+    coverage = float((pmf * inside).sum(axis=0).min())
+
+    def disjoint(k: int, j: int) -> bool:
+        return ci[k][1] < ci[j][0]
+
+    gap = next((d for d in range(1, n + 1) if any(disjoint(k, k + d) for k in range(n + 1 - d))), n + 1)
+    change = next((m for m in range(1, n + 1) if mcnemar_exact([True] * m, [False] * m).p_value < level), n + 1)
+    return Resolution(
+        n=n,
+        interval_coverage=coverage,
+        one_question_intervals_disjoint=any(disjoint(k, k + 1) for k in range(n)),
+        one_question_p=mcnemar_exact([True], [False]).p_value,
+        smallest_disjoint_gap=gap,
+        smallest_significant_change=change,
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # agreement
 # ------------------------------------------------------------------------------------------------
@@ -215,6 +304,12 @@ def reference_continuations(model, tokenizer, prompts: Sequence[str] = AGREEMENT
     return conts
 
 
+def aligned_guesses(pred_row: torch.Tensor, continuation: Continuation) -> torch.Tensor:
+    """The argmax guesses for the continuation's tokens: the logits at position t predict token t + 1. ``[n]``"""
+    start = len(continuation.prompt)  # logits at start - 1 predict the first continuation token
+    return pred_row[start - 1 : start - 1 + len(continuation.tokens)]
+
+
 @torch.no_grad()
 def agreement(model, continuations: Sequence[Continuation]) -> tuple[int, int]:
     """(positions where ``model``'s argmax equals the reference token, positions) in one forward pass."""
@@ -227,8 +322,7 @@ def agreement(model, continuations: Sequence[Continuation]) -> tuple[int, int]:
     pred = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [B, L]: guess for position t+1
     hits = total = 0
     for i, c in enumerate(continuations):
-        start = len(c.prompt)  # logits at start-1 predict the first continuation token
-        guess = pred[i, start - 1: start - 1 + len(c.tokens)]
+        guess = aligned_guesses(pred[i], c)
         hits += int((guess == torch.tensor(c.tokens)).sum())
         total += len(c.tokens)
     return hits, total
@@ -253,19 +347,59 @@ class Row:
         return self.agree / self.positions
 
 
-@dataclass
 class Table:
-    rows: dict[str, Row]
-    continuations: list[Continuation]
-    stock_penalty: float
-    tokens: int  # predicted tokens behind each perplexity
-    seconds: dict[str, float] = field(default_factory=dict)
+    """The seven-row table, each row built on first use (``table[scheme]``) and kept.
+
+    ``variant(scheme)`` gives the quantized model; ``release(scheme)`` may free it after its row.
+    """
+
+    def __init__(
+        self,
+        reference,
+        tokenizer,
+        variant: Callable[[str], object],
+        schemes: Sequence[str],
+        corpus_ids: torch.Tensor,
+        continuations: list[Continuation],
+        release: Callable[[str], None] | None = None,
+    ):
+        self.reference = reference
+        self.tokenizer = tokenizer
+        self.variant = variant
+        self.schemes = tuple(schemes)
+        self.corpus_ids = corpus_ids
+        self.continuations = continuations
+        self.release = release
+        self.stock_penalty = stock_repetition_penalty(reference)
+        self.tokens = corpus_ids.numel() - 1  # predicted tokens behind each perplexity
+        self.seconds: dict[str, float] = {}
+        self._rows: dict[str, Row] = {}
 
     def __getitem__(self, scheme: str) -> Row:
-        return self.rows[scheme]
+        if scheme not in self.schemes:
+            raise KeyError(f"{scheme!r} is not a row of the table ({', '.join(self.schemes)})")
+        if scheme not in self._rows:
+            import time
+
+            t0 = time.perf_counter()
+            model = self.variant(scheme)
+            ppl = perplexity(model, self.corpus_ids)
+            stock = battery(model, self.tokenizer)
+            off = battery(model, self.tokenizer, repetition_penalty=1.0) if stock.repetition_penalty != 1.0 else stock
+            hits, total = agreement(model, self.continuations)
+            self._rows[scheme] = Row(scheme, ppl, stock, off, hits, total)
+            self.seconds[scheme] = time.perf_counter() - t0
+            if self.release is not None:
+                self.release(scheme)
+        return self._rows[scheme]
+
+    @property
+    def rows(self) -> dict[str, Row]:
+        """Every row, in the book's order (builds the missing ones)."""
+        return {s: self[s] for s in self.schemes}
 
     def ppl(self, scheme: str) -> float:
-        return self.rows[scheme].ppl
+        return self[scheme].ppl
 
     def header(self) -> list[str]:
         return ["scheme", "perplexity", f"battery (stock, penalty {self.stock_penalty:g})", "battery (penalty off)", "agreement"]
@@ -292,23 +426,9 @@ def evaluate(
     release: Callable[[str], None] | None = None,
     continuations: list[Continuation] | None = None,
 ) -> Table:
-    """The seven-row table. ``variant(scheme)`` gives the quantized model; ``release(scheme)`` may free it."""
-    import time
-
+    """The table over ``schemes`` (rows built on first use). ``variant(scheme)`` gives the quantized model."""
     continuations = continuations or reference_continuations(reference, tokenizer)
-    rows, seconds = {}, {}
-    for scheme in schemes:
-        t0 = time.perf_counter()
-        model = variant(scheme)
-        ppl = perplexity(model, corpus_ids)
-        stock = battery(model, tokenizer)
-        off = battery(model, tokenizer, repetition_penalty=1.0) if stock.repetition_penalty != 1.0 else stock
-        hits, total = agreement(model, continuations)
-        rows[scheme] = Row(scheme, ppl, stock, off, hits, total)
-        seconds[scheme] = time.perf_counter() - t0
-        if release is not None:
-            release(scheme)
-    return Table(rows, continuations, stock_repetition_penalty(reference), corpus_ids.numel() - 1, seconds)
+    return Table(reference, tokenizer, variant, schemes, corpus_ids, continuations, release)
 
 
 def discordant_pairs(table: Table, schemes: Sequence[str], min_ppl_gap: float) -> int:

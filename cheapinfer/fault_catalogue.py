@@ -6,7 +6,7 @@ the measurement code that the claims' tests call. Each names the claims it must 
 
 from __future__ import annotations
 
-from . import budget, kv
+from . import budget, distill, evaluation, kv, quant, speculative
 from .faults import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa: F401
 
 # ------------------------------------------------------------------------------------------------
@@ -46,9 +46,246 @@ def _kv_bytes_query_heads():
 # ------------------------------------------------------------------------------------------------
 
 
+@fault(
+    "eval-ppl-windows-overlap",
+    section="EVAL",
+    kind=STATISTIC,
+    targets=("EVAL-TABLE",),
+    what="the perplexity slides its windows with a stride of half a window and forgets to mask the overlap, so every token after the first half-window is scored twice",
+)
+def _eval_ppl_windows_overlap():
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    @torch.no_grad()
+    def overlapping(model, ids, window=evaluation.WINDOW):
+        device = next(model.parameters()).device
+        inputs = ids[:-1].unfold(0, window, window // 2).to(device)  # [W', window], windows overlapping by half
+        targets = ids[1:].unfold(0, window, window // 2).to(device)
+        logits = model(input_ids=inputs, use_cache=False).logits
+        return math.exp(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item())
+
+    with patched(evaluation, "perplexity", overlapping):
+        yield
+
+
+@fault(
+    "eval-agreement-off-by-one",
+    section="EVAL",
+    kind=RULE,
+    targets=("EVAL-INT8-FREE", "EVAL-AGREEMENT", "SPEC-ALPHA"),
+    what="agreement compares the model's guess at position t (which predicts t + 1) with the reference token at t: the logits are not shifted",
+)
+def _eval_agreement_off_by_one():
+    def unshifted(pred_row, continuation):
+        start = len(continuation.prompt)  # should be start - 1
+        return pred_row[start : start + len(continuation.tokens)]
+
+    with patched(evaluation, "aligned_guesses", unshifted):
+        yield
+
+
+@fault(
+    "eval-mcnemar-counts-ties",
+    section="EVAL",
+    kind=STATISTIC,
+    targets=("EVAL-INT8-TENSOR",),
+    what="McNemar's test is run over all questions instead of the discordant ones: questions both schemes answer alike count as trials, so 'no change' looks like a significant one",
+)
+def _eval_mcnemar_counts_ties():
+    from scipy import stats
+
+    def over_all(first, second):
+        lost = sum(a and not b for a, b in zip(first, second))
+        gained = sum(b and not a for a, b in zip(first, second))
+        return evaluation.PairedChange(lost, gained, float(stats.binomtest(lost, len(first), 0.5).pvalue))
+
+    with patched(evaluation, "mcnemar_exact", over_all):
+        yield
+
+
+@fault(
+    "eval-interval-wrong-level",
+    section="EVAL",
+    kind=STATISTIC,
+    targets=("EVAL-NOISE",),
+    what="the binomial interval is given the significance level (0.05) where it expects the confidence level (0.95)",
+)
+def _eval_interval_wrong_level():
+    real = evaluation.binomial_interval
+
+    def wrong_level(k, n, confidence=evaluation.CONFIDENCE):
+        return real(k, n, 1 - confidence)
+
+    with patched(evaluation, "binomial_interval", wrong_level):
+        yield
+
+
+@fault(
+    "eval-quantization-not-applied",
+    section="EVAL",
+    kind=DISABLED,
+    targets=("EVAL-INT4-COLLAPSE", "EVAL-GRANULARITY"),
+    what="the quantized copy writes its fake-quantized weights into a detached clone, so every scheme's model keeps the full-precision weights",
+)
+def _eval_quantization_not_applied():
+    import copy
+
+    def unquantized(model, scheme):
+        clone = copy.deepcopy(model)
+        for p in quant.projection_weights(clone).values():
+            p.detach().clone().copy_(quant.fake_quantize(p, scheme))  # written into a copy that is thrown away
+        clone.eval()
+        clone.requires_grad_(False)
+        return clone
+
+    with patched(quant, "quantized_copy", unquantized):
+        yield
+
+
 # ------------------------------------------------------------------------------------------------
 # 6-7. Speculative decoding, distillation
 # ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "spec-accept-q-over-p",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-EXACT-SAMPLING",),
+    what="the acceptance rule is written min(1, q(x) / p(x)) instead of min(1, p(x) / q(x))",
+)
+def _spec_accept_q_over_p():
+    import torch
+
+    with patched(speculative, "accept_probability", lambda p, q: torch.clamp(q / p, max=1.0)):
+        yield
+
+
+@fault(
+    "spec-residual-not-normalised",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-EXACT-SAMPLING",),
+    what="the residual distribution max(0, p - q) is used without renormalising it",
+)
+def _spec_residual_not_normalised():
+    with patched(speculative, "residual", lambda p, q: (p - q).clamp_min(0)):
+        yield
+
+
+@fault(
+    "spec-greedy-keeps-draft-token",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-EXACT-GREEDY",),
+    what="on the first mismatch the greedy loop keeps the draft's token instead of the target's correction",
+)
+def _spec_greedy_keeps_draft_token():
+    def keeps_draft(proposals, target_choice):
+        n = 0
+        while n < len(proposals) and proposals[n] == target_choice[n]:
+            n += 1
+        return n, list(proposals[:n]) + [int(proposals[n] if n < len(proposals) else target_choice[n])]
+
+    with patched(speculative, "accept_greedy", keeps_draft):
+        yield
+
+
+@fault(
+    "spec-expected-off-by-one",
+    section="SPEC",
+    kind=CONSTANT,
+    targets=("SPEC-EXPECTED", "SPEC-SPEEDUP"),
+    what="the expected tokens per pass sum gamma terms, (1 - a^gamma) / (1 - a), forgetting the target's own token",
+)
+def _spec_expected_off_by_one():
+    def gamma_terms(alpha, gamma):
+        return float(gamma) if alpha == 1.0 else (1.0 - alpha**gamma) / (1.0 - alpha)
+
+    with patched(speculative, "expected_tokens", gamma_terms):
+        yield
+
+
+@fault(
+    "spec-draft-cost-per-pass",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-SPEEDUP", "SPEC-SLOWDOWN", "SPEC-GAMMA8"),
+    what="the draft's cost is charged once per verification pass instead of once per proposed token: E / (c + 1) instead of E / (gamma c + 1)",
+)
+def _spec_draft_cost_per_pass():
+    with patched(speculative, "speedup", lambda alpha, gamma, c: speculative.expected_tokens(alpha, gamma) / (c + 1.0)):
+        yield
+
+
+@fault(
+    "spec-verify-one-position-at-a-time",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-VERIFY-COST",),
+    what="the verification pass feeds the proposed positions one at a time (a loop of single-position passes) instead of one pass over all of them",
+)
+def _spec_verify_one_position_at_a_time():
+    import torch
+
+    real = speculative._forward
+
+    def one_at_a_time(model, tokens, cache, keep):
+        return torch.cat([real(model, [t], cache, 1) for t in tokens])[-keep:]
+
+    with patched(speculative, "_forward", one_at_a_time):
+        yield
+
+
+@fault(
+    "spec-draft-dropped",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-REAL-SLOWDOWN",),
+    what="the speculative generator drops the draft it is given and silently decodes plainly",
+)
+def _spec_draft_dropped():
+    real = speculative.generate
+
+    def plain(target, prompt, new_tokens, draft=None, gamma=4, stop_at_eos=True):
+        return real(target, prompt, new_tokens, None, gamma, stop_at_eos)
+
+    with patched(speculative, "generate", plain):
+        yield
+
+
+@fault(
+    "dist-temperature-after-softmax",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-TEMPERATURE",),
+    what="the temperature divides the probabilities after the softmax instead of the logits before it",
+)
+def _dist_temperature_after_softmax():
+    import torch
+
+    with patched(distill, "distribution", lambda logits, temperature=1.0: torch.softmax(logits.double(), dim=-1) / temperature):
+        yield
+
+
+@fault(
+    "dist-hard-label",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-MILK",),
+    what="the teacher's label is its argmax token (one-hot), as when a distillation pipeline trains on the teacher's generated text instead of its distribution",
+)
+def _dist_hard_label():
+    import torch
+
+    def one_hot(logits, temperature=1.0):
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
+
+    with patched(distill, "distribution", one_hot):
+        yield
 
 
 # ------------------------------------------------------------------------------------------------

@@ -53,6 +53,11 @@ def implied_c_interval(printed_speedup: float, alpha: float, gamma: int, half_ul
     return implied_c(printed_speedup + half_ulp, alpha, gamma), implied_c(printed_speedup - half_ulp, alpha, gamma)
 
 
+def series_error(alphas: Sequence[float], gammas: Sequence[int]) -> float:
+    """max |E - (1 + a + ... + a^g)| over the grid: the closed form against its defining sum."""
+    return max(abs(expected_tokens(a, g) - sum(a**k for k in range(g + 1))) for a in alphas for g in gammas)
+
+
 def simulate_tokens_per_pass(alpha: float, gamma: int, passes: int, rng: np.random.Generator) -> np.ndarray:
     """Tokens kept in each of ``passes`` simulated passes: leading accepted proposals + 1. ``[passes]``"""
     accepted = rng.random((passes, gamma)) < alpha  # [passes, gamma]
@@ -60,9 +65,26 @@ def simulate_tokens_per_pass(alpha: float, gamma: int, passes: int, rng: np.rand
     return leading + 1
 
 
+def simulate_speedup(alpha: float, gamma: int, c: float, tokens: int, rng: np.random.Generator) -> float:
+    """Net speedup of a simulated generation of ``tokens`` tokens, cost counted pass by pass.
+
+    Each verification pass costs the target one pass plus ``gamma`` draft passes of ``c`` target
+    passes each; plain decoding costs one target pass per token.
+    """
+    kept = simulate_tokens_per_pass(alpha, gamma, tokens, rng)  # [tokens]: at least one token per pass, so enough passes
+    passes = int(np.searchsorted(np.cumsum(kept), tokens)) + 1  # passes until ``tokens`` are generated
+    cost = passes * (1.0 + gamma * c)  # in target passes
+    return float(kept[:passes].sum()) / cost
+
+
 # ------------------------------------------------------------------------------------------------
 # the sampling rule
 # ------------------------------------------------------------------------------------------------
+
+
+def accept_probability(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The modified acceptance rule: a draft token x ~ q is kept with probability min(1, p(x) / q(x))."""
+    return torch.clamp(p / q, max=1.0)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -73,16 +95,35 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def output_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Closed form of the rule's output law: P(x) = q(x) min(1, p/q) + P(reject) r(x)."""
-    kept = torch.minimum(p, q)  # q(x) * min(1, p(x)/q(x))
+    """Closed form of the rule's output law: P(x) = q(x) accept(x) + P(reject) r(x), from the same
+    ``accept_probability`` and ``residual`` the sampler uses."""
+    kept = torch.where(q > 0, q * accept_probability(p, q), torch.zeros_like(q))  # [.., V]
     return kept + (1 - kept.sum(-1, keepdim=True)) * residual(p, q)
+
+
+def closed_form_error(pairs: int, generator: torch.Generator, max_vocab: int = 12) -> float:
+    """max |P - p| of the closed-form output law over ``pairs`` random (p, q) pairs of 2..``max_vocab`` tokens.
+
+    Half the pairs get exact zeros in p or q (a token the target or the draft never proposes).
+    """
+    worst = 0.0
+    for i in range(pairs):
+        v = int(torch.randint(2, max_vocab + 1, (1,), generator=generator))
+        p = torch.rand(v, generator=generator, dtype=torch.float64) ** 2
+        q = torch.rand(v, generator=generator, dtype=torch.float64) ** 2
+        if i % 2:
+            p[0] = 0.0
+            q[-1] = 0.0
+        p, q = p / p.sum(), q / q.sum()
+        worst = max(worst, float((output_distribution(p, q) - p).abs().max()))
+    return worst
 
 
 def speculative_sample(p: torch.Tensor, q: torch.Tensor, draws: int, generator: torch.Generator) -> torch.Tensor:
     """``draws`` independent outputs of one speculative position with target p and draft q (``[V]`` each)."""
     x = torch.multinomial(q, draws, replacement=True, generator=generator)  # [draws] draft proposals
     u = torch.rand(draws, generator=generator, dtype=p.dtype)
-    accept = u < torch.clamp(p[x] / q[x], max=1.0)
+    accept = u < accept_probability(p[x], q[x])
     y = torch.multinomial(residual(p, q), draws, replacement=True, generator=generator)  # [draws] resamples
     return torch.where(accept, x, y)
 
@@ -106,6 +147,25 @@ class Run:
     def alpha(self) -> float:
         """Acceptance rate: accepted over evaluated proposals (proposals after a rejection are never judged)."""
         return self.accepted / self.evaluated if self.evaluated else float("nan")
+
+
+def accept_greedy(proposals: Sequence[int], target_choice: Sequence[int]) -> tuple[int, list[int]]:
+    """Greedy verification: (proposals accepted, tokens kept).
+
+    ``target_choice[i]`` is the target's argmax after the kept prefix and ``proposals[:i]``
+    (``len(proposals) + 1`` of them). The leading proposals that equal the target's choice are kept,
+    then the target's own token at the first mismatch (a correction) or after the last proposal (a bonus).
+    """
+    n = 0
+    while n < len(proposals) and proposals[n] == target_choice[n]:
+        n += 1
+    return n, list(proposals[:n]) + [int(target_choice[n])]
+
+
+def acceptance_rate(runs: Sequence[Run]) -> float:
+    """Accepted over judged proposals, pooled over runs (a proposal after a rejection is never judged)."""
+    judged = sum(r.evaluated for r in runs)
+    return sum(r.accepted for r in runs) / judged if judged else float("nan")
 
 
 def _new_cache(model):
@@ -161,13 +221,10 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
                 feed = proposals[-1:]
         t_choice = _forward(target, seq[t_cache.get_seq_length():] + proposals, t_cache, g + 1).tolist()  # [g + 1]
         run.target_passes += 1
-        n = 0
-        while n < g and proposals[n] == t_choice[n]:
-            n += 1
+        n, kept = accept_greedy(proposals, t_choice)
         run.proposed += g
         run.accepted += n
         run.evaluated += n + (1 if n < g else 0)
-        kept = proposals[:n] + [t_choice[n]]
         for i, tok in enumerate(kept):
             if tok in eos:
                 kept = kept[: i + 1]
@@ -194,7 +251,8 @@ def assisted_generate(target, draft, prompt: Sequence[int], new_tokens: int) -> 
 
 
 def verify_callables(model, context: int, widths: Sequence[int], seed: int) -> dict[str, Callable[[], object]]:
-    """One callable per width k: a forward pass over k new positions after a cached ``context``.
+    """One callable per width k: the loop's verification pass (``_forward``) over k new positions
+    after a cached ``context``.
 
     Each call feeds k random tokens after the prefilled cache and crops the cache back, so every
     call sees the same ``context`` tokens of history. Keys are ``"k=<width>"``.
@@ -205,12 +263,12 @@ def verify_callables(model, context: int, widths: Sequence[int], seed: int) -> d
     cache = _new_cache(model)
     with torch.no_grad():
         model(input_ids=torch.randint(vocab, (1, context), generator=g).to(device), cache=cache, use_cache=True, logits_to_keep=1)
-    fresh = {k: torch.randint(vocab, (1, k), generator=g).to(device) for k in widths}
+    fresh = {k: torch.randint(vocab, (k,), generator=g).tolist() for k in widths}
 
     def make(k: int) -> Callable[[], object]:
         def step() -> object:
             with torch.no_grad():
-                out = model(input_ids=fresh[k], cache=cache, use_cache=True, logits_to_keep=k)
+                out = _forward(model, fresh[k], cache, k)  # the verification pass of the greedy loop
             _crop_to(cache, context)
             return out
 
