@@ -5,11 +5,15 @@ Three pieces, all usable without pytest:
 - **The batch curve.** :func:`decode_step` builds, for a batch of ``B`` requests that each hold a
   ``context``-token KV cache, a callable that decodes one token for all of them (one forward pass
   of a transformers model over a real ``DynamicCache``). Timed at B = 1, 2, 4, ..., it gives the
-  per-step latency (what every request in the step waits) and the throughput B / latency;
-  :func:`curve` tabulates them and :func:`knee` finds the first doubling whose throughput gain
-  falls below a threshold, from the measured numbers.
-- **The workload.** :func:`skewed_lengths`: 64 output lengths with exactly the chapter's median
-  (18), maximum (231) and total (1,874), drawn deterministically from a seeded log-normal.
+  per-step latency (:func:`request_latency`: what every request in the step waits) and the
+  throughput B / latency; :func:`curve` tabulates them, :func:`knee` finds the first doubling past
+  the steepest one whose throughput gain falls below a threshold and :func:`knee_summary` the gains
+  either side of it; :func:`tradeoff` compares every pair of batch sizes against the spread of the
+  timing rounds.
+- **The workload.** :func:`skewed_lengths`: 64 output lengths with exactly the chapter's printed
+  median (18), maximum (231) and total (1,874), drawn deterministically from a seeded log-normal.
+  The chapter prints only these statistics, so they are the workload's parameters;
+  :func:`sensitivity` repeats the comparison over other draws with the same statistics.
 - **Two schedulers.** :func:`simulate` runs static or continuous batching over the lengths with a
   per-step cost that depends only on the number of occupied slots (measured on the machine);
   :func:`run_policies` runs both policies for real: a scheduler over real decode steps of a model
