@@ -5,11 +5,15 @@ Three pieces, all usable without pytest:
 - **The batch curve.** :func:`decode_step` builds, for a batch of ``B`` requests that each hold a
   ``context``-token KV cache, a callable that decodes one token for all of them (one forward pass
   of a transformers model over a real ``DynamicCache``). Timed at B = 1, 2, 4, ..., it gives the
-  per-step latency (what every request in the step waits) and the throughput B / latency;
-  :func:`curve` tabulates them and :func:`knee` finds the first doubling whose throughput gain
-  falls below a threshold, from the measured numbers.
-- **The workload.** :func:`skewed_lengths`: 64 output lengths with exactly the chapter's median
-  (18), maximum (231) and total (1,874), drawn deterministically from a seeded log-normal.
+  per-step latency (:func:`request_latency`: what every request in the step waits) and the
+  throughput B / latency; :func:`curve` tabulates them, :func:`knee` finds the first doubling past
+  the steepest one whose throughput gain falls below a threshold and :func:`knee_summary` the gains
+  either side of it; :func:`tradeoff` compares every pair of batch sizes against the spread of the
+  timing rounds.
+- **The workload.** :func:`skewed_lengths`: 64 output lengths with exactly the chapter's printed
+  median (18), maximum (231) and total (1,874), drawn deterministically from a seeded log-normal.
+  The chapter prints only these statistics, so they are the workload's parameters;
+  :func:`sensitivity` repeats the comparison over other draws with the same statistics.
 - **Two schedulers.** :func:`simulate` runs static or continuous batching over the lengths with a
   per-step cost that depends only on the number of occupied slots (measured on the machine);
   :func:`run_policies` runs both policies for real: a scheduler over real decode steps of a model
@@ -88,9 +92,18 @@ class Point:
 CURVE_HEADER = ["batch", "latency per request (ms)", "throughput (tokens/s)", "throughput vs batch 1", "latency vs batch 1"]
 
 
+def request_latency(step_s: float, batch: int) -> float:
+    """What one request of a batch waits for its token: the whole step (every row's token comes out of the same pass)."""
+    return step_s
+
+
 def curve(step_seconds: Mapping[int, float]) -> list[Point]:
     """Batch size -> median step time, as points sorted by batch size."""
-    return [Point(b, s, b / s) for b, s in sorted(step_seconds.items())]
+    out = []
+    for b, s in sorted(step_seconds.items()):
+        lat = request_latency(s, b)
+        out.append(Point(b, lat, b / s))
+    return out
 
 
 def gains(points: Sequence[Point], small: int, large: int) -> tuple[float, float]:
@@ -116,20 +129,61 @@ def knee(points: Sequence[Point], threshold: float = 1.25) -> tuple[int | None, 
     return None, doublings
 
 
-def gain_past_steepest(doublings: Sequence[tuple[int, int, float]]) -> float:
-    """The smallest throughput gain of the doublings after the steepest one (inf if there are none)."""
-    steepest = max(range(len(doublings)), key=lambda i: doublings[i][2])
-    return min((g for _, _, g in doublings[steepest + 1 :]), default=float("inf"))
+@dataclass(frozen=True)
+class Knee:
+    batch: int | None  # the knee doubling starts here (None: no knee found)
+    throughput_gain: float  # of the knee doubling b -> 2b (nan without a knee)
+    latency_gain: float  # of the knee doubling: 2 / throughput_gain, since throughput = batch / latency
+    gain_before: float  # the steepest doubling before the knee (nan when the knee is the first doubling or absent)
+    doublings: list[tuple[int, int, float]]
 
 
-def both_improve(points: Sequence[Point]) -> list[tuple[int, int]]:
-    """Pairs (smaller batch, larger batch) where the larger one has both more throughput and less latency."""
-    out = []
-    for i, a in enumerate(points):
-        for b in points[i + 1 :]:
-            if b.throughput > a.throughput and b.latency_s < a.latency_s:
-                out.append((a.batch, b.batch))
-    return out
+def knee_summary(points: Sequence[Point], threshold: float = 1.25) -> Knee:
+    """The knee found by :func:`knee`, with the gains either side of it that the claim is about."""
+    at, doublings = knee(points, threshold)
+    if at is None:
+        return Knee(None, math.nan, math.nan, math.nan, doublings)
+    i = next(i for i, (b, _, _) in enumerate(doublings) if b == at)
+    gain = doublings[i][2]
+    before = max((g for _, _, g in doublings[:i]), default=math.nan)
+    return Knee(at, gain, 2 / gain, before, doublings)
+
+
+def quartiles(seconds: Sequence[float]) -> tuple[float, float]:
+    """(first, third) quartile of the rounds (``statistics.quantiles``, exclusive method); one value: (it, it)."""
+    if len(seconds) < 2:
+        return seconds[0], seconds[0]
+    q = statistics.quantiles(seconds, n=4)
+    return q[0], q[2]
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    pairs: int  # pairs (smaller, larger batch) compared
+    beyond_noise: list[tuple[int, int]]  # the larger batch improves both, and its rounds' IQR lies below the smaller one's
+    by_median: list[tuple[int, int]]  # the larger batch improves both by the medians alone (noise included)
+
+
+def tradeoff(rounds: Mapping[int, Sequence[float]]) -> Tradeoff:
+    """Every pair of measured batch sizes a < b: does b improve both throughput and per-request latency?
+
+    ``rounds[b]`` are the step times of batch ``b`` over the interleaved rounds. Per-request latency is
+    :func:`request_latency` of each round; throughput is b / step. Since b > a, a lower latency at b
+    also means more throughput, so "both improve" is decided by latency. The noise band is the
+    rounds' spread: b improves both *beyond noise* when the third quartile of its latencies lies
+    below the first quartile of a's (the interquartile ranges do not overlap).
+    """
+    sizes = sorted(rounds)
+    lat = {b: [request_latency(x, b) for x in rounds[b]] for b in sizes}
+    tput = {b: b / statistics.median(rounds[b]) for b in sizes}
+    beyond, median = [], []
+    for i, a in enumerate(sizes):
+        for b in sizes[i + 1 :]:
+            if statistics.median(lat[b]) < statistics.median(lat[a]) and tput[b] > tput[a]:
+                median.append((a, b))
+                if quartiles(lat[b])[1] < quartiles(lat[a])[0]:
+                    beyond.append((a, b))
+    return Tradeoff(len(sizes) * (len(sizes) - 1) // 2, beyond, median)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -469,22 +523,46 @@ def validate(model, lengths: Sequence[int], slots: int) -> Validation:
     return Validation(sim, real, {"static": s, "continuous": c}, step_cost)
 
 
-def alternatives(lengths: Sequence[int], slots: int, step_cost: Mapping[int, float], draws: int = 200, seed: int = SEED) -> dict[str, float]:
-    """What the book's numbers would need, for the report.
+@dataclass(frozen=True)
+class Sensitivity:
+    """Static vs continuous over many workloads that all have the book's printed statistics."""
 
-    - ``mixed_latency_ratio``: static latency from t = 0, continuous latency from admission
-      (its wait in the queue not counted);
-    - the throughput ratio over ``draws`` other seeded workloads with the same median, maximum and
-      total (5th, 50th, 95th percentile), and with the requests queued shortest first.
-    """
+    throughput: list[float]  # continuous / static throughput, one per workload (the seeded one first)
+    latency: list[float]  # static / continuous mean latency (both from arrival), one per workload
+    throughput_constant_cost: list[float]  # the same with every step costing what a full batch costs
+    latency_constant_cost: list[float]
+    mixed_latency: float  # the seeded workload: static latency from arrival, continuous from admission
+
+    @staticmethod
+    def quantile(values: Sequence[float], f: float) -> float:
+        """The ``f`` quantile of ``values`` (``statistics.quantiles``' inclusive method; f in [0, 1])."""
+        v = sorted(values)
+        if f <= 0:
+            return v[0]
+        if f >= 1:
+            return v[-1]
+        return statistics.quantiles(v, n=1000, method="inclusive")[round(f * 1000) - 1]
+
+    def share(self, values: Sequence[float], lo: float = -math.inf, hi: float = math.inf) -> float:
+        """Fraction of the workloads whose value lies in [lo, hi]."""
+        return sum(lo <= x <= hi for x in values) / len(values)
+
+
+def sensitivity(lengths: Sequence[int], slots: int, step_cost: Mapping[int, float], draws: int = 200, seed: int = SEED) -> Sensitivity:
+    """The seeded workload and ``draws`` other seeded workloads with the same median, maximum and total, each
+    simulated under both policies with the measured step costs, and again with a constant step cost
+    (every step costing ``step_cost[slots]``: the book's "measured per-step cost for eight slots" read as one
+    cost for every step). The book printed only the three statistics, not its lengths: the spread over
+    the draws is how much the ratios depend on the lengths the statistics leave open."""
+    full = dict.fromkeys(step_cost, step_cost[slots])
+    workloads = [list(lengths)] + [skewed_lengths(len(lengths), seed=seed + 1 + i) for i in range(draws)]
+    measured = [compare(w, slots, step_cost) for w in workloads]
+    constant = [compare(w, slots, full) for w in workloads]
     s, c = simulate("static", lengths, slots, step_cost), simulate("continuous", lengths, slots, step_cost)
-    ratios = sorted(compare(skewed_lengths(len(lengths), seed=seed + 1 + i), slots, step_cost)["throughput_ratio"] for i in range(draws))
-    q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
-    return {
-        "mixed_latency_ratio": s.mean_latency_s / c.mean_service_s,
-        "throughput_ratio_p05": q(0.05),
-        "throughput_ratio_p50": q(0.5),
-        "throughput_ratio_p95": q(0.95),
-        "throughput_ratio_sorted": compare(sorted(lengths), slots, step_cost)["throughput_ratio"],
-        "latency_ratio_sorted": compare(sorted(lengths), slots, step_cost)["latency_ratio"],
-    }
+    return Sensitivity(
+        [m["throughput_ratio"] for m in measured],
+        [m["latency_ratio"] for m in measured],
+        [m["throughput_ratio"] for m in constant],
+        [m["latency_ratio"] for m in constant],
+        s.mean_latency_s / c.mean_service_s,
+    )

@@ -98,6 +98,17 @@ def budget(model: str, bits: float, memory_gib: float, reserve_gib: float = RESE
     return Budget(shape.name, bits, memory_gib, w, shape.kv_bytes_per_token, reserve_gib * GIB, tokens, free >= 0)
 
 
+def reserve_window(model: str, bits: float, memory_gib: float, tokens: int) -> tuple[float, float]:
+    """The reserves (GiB) under which exactly ``tokens`` fit: the half-open interval (lo, hi].
+
+    ``tokens`` fit with reserve R when tokens * b <= memory - R - weights < (tokens + 1) * b, b the cache
+    bytes per token: R in (memory - weights - (tokens + 1) b, memory - weights - tokens b].
+    """
+    shape = MODELS[model.lower()]
+    free = memory_gib * GIB - weights_bytes(shape.params, bits)
+    return (free - (tokens + 1) * shape.kv_bytes_per_token) / GIB, (free - tokens * shape.kv_bytes_per_token) / GIB
+
+
 def tables(memories: tuple[float, ...] = TABLE_GIB, bits: tuple[float, ...] = TABLE_BITS) -> dict[float, list[Budget]]:
     """The chapter's tables: for each memory size, every model at every precision."""
     return {m: [budget(name, b, m) for name in MODELS for b in bits] for m in memories}

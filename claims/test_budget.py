@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from cheapinfer import budget
-from cheapinfer.budget import GIB, MODELS
+from cheapinfer.budget import GIB, MODELS, TABLE_BITS
 
 
 @pytest.mark.claim("BUD-13B-8GB")
@@ -32,24 +32,39 @@ def test_16_gb_int8_gives_7b_65378_and_13b_3136_tokens(claim):
 @pytest.mark.claim("BUD-13B-800KB")
 def test_13b_mha_cache_is_800_kb_per_token_vs_128_kb(claim):
     """BUD-13B-800KB: "the 13B has multi-head attention here and its cache costs 800 KB per token against 128 KB for the 7B"."""
-    claim.verify("arithmetic", bytes_13b=MODELS["13b"].kv_bytes_per_token, bytes_7b=MODELS["7b"].kv_bytes_per_token)
+    m13, m7 = budget.MODELS["13b"], budget.MODELS["7b"]
+    claim.verify(
+        "arithmetic",
+        bytes_13b=m13.kv_bytes_per_token,
+        bytes_7b=m7.kv_bytes_per_token,
+        shape_13b=f"{m13.layers} layers x {m13.kv_heads} KV heads x {m13.head_dim}",
+        shape_7b=f"{m7.layers} layers x {m7.kv_heads} KV heads x {m7.head_dim}",
+    )
 
 
 @pytest.mark.claim("BUD-TABLES")
 def test_budget_tables_regenerate_the_quoted_cells(claim):
-    """BUD-TABLES: the 8 / 16 / 24 GB tables (lost in the copies): weights and tokens of context per model and precision."""
+    """BUD-TABLES: the 8 / 16 / 24 GB tables (lost in the copies); the prose quotes 13,0 GB, 6,2 GB and 337, 65,378 and 3,136 from them."""
     tables = budget.tables()
     for memory, rows in tables.items():
         claim.table(f"{memory:g} GB", budget.TABLE_HEADER, budget.table_rows(rows))
     cell = {(m, b.model, b.bits): b for m, rows in tables.items() for b in rows}
+    windows = {
+        "337 (13B, 4.125 bits, 8 GiB)": budget.reserve_window("13b", 4.125, 8, 337),
+        "65,378 (7B, int8, 16 GiB)": budget.reserve_window("7b", 8, 16, 65_378),
+        "3,136 (13B, int8, 16 GiB)": budget.reserve_window("13b", 8, 16, 3_136),
+    }
+    claim.table("Reserves (GiB) under which each printed count holds: (lo, hi]", ["printed count", "lo", "hi"], [[k, f"{lo:.6f}", f"{hi:.6f}"] for k, (lo, hi) in windows.items()])
     claim.note(f"Assumptions: {budget.ASSUMPTIONS}. Cells marked 'does not fit' have weights plus reserve above the memory size.")
     claim.verify(
         "arithmetic",
-        cell_8gb_13b_4bit=cell[8.0, "13B", 4.125].tokens,
-        cell_16gb_7b_8bit=cell[16.0, "7B", 8.0].tokens,
-        cell_16gb_13b_8bit=cell[16.0, "13B", 8.0].tokens,
-        cells=sum(len(rows) for rows in tables.values()),
-        monotone_in_memory=all(cell[8.0, k[1], k[2]].tokens <= cell[16.0, k[1], k[2]].tokens <= cell[24.0, k[1], k[2]].tokens for k in cell),
+        weights_7b_16bit_gib=cell[16.0, "7B", 16.0].weights_gib,
+        weights_13b_4bit_gib=cell[8.0, "13B", 4.125].weights_gib,
+        tokens_8gb_13b_4bit=cell[8.0, "13B", 4.125].tokens,
+        tokens_16gb_7b_8bit=cell[16.0, "7B", 8.0].tokens,
+        tokens_16gb_13b_8bit=cell[16.0, "13B", 8.0].tokens,
+        extra_weights_16gb_8bit_gib=cell[16.0, "13B", 8.0].weights_gib - cell[16.0, "7B", 8.0].weights_gib,
+        reserve_window_gib=[max(lo for lo, _ in windows.values()), min(hi for _, hi in windows.values())],
     )
 
 
@@ -67,3 +82,9 @@ def test_budget_is_the_largest_token_count_that_fits(model, bits, memory):
         assert used + b.tokens * b.kv_bytes_per_token <= total < used + (b.tokens + 1) * b.kv_bytes_per_token
     else:
         assert b.tokens == 0 and used > total
+
+
+@given(model=st.sampled_from(tuple(MODELS)), bits=st.sampled_from(TABLE_BITS), small=st.floats(0.5, 256.0), more=st.floats(0.0, 256.0))
+def test_more_memory_never_leaves_fewer_tokens(model, bits, small, more):
+    """The sum is monotone: the same model and precision never get fewer tokens from more memory."""
+    assert budget.budget(model, bits, small).tokens <= budget.budget(model, bits, small + more).tokens
