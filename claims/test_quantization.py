@@ -73,6 +73,7 @@ def test_the_books_absmax_listing_rounds_within_half_a_step(claim):
     @given(w=_nonzero_weights, bits=st.sampled_from((8, 4)))
     @example(w=np.array([[1.0, -0.5, 0.25]], np.float32), bits=8)  # the largest weight positive
     @example(w=np.array([[-1.0, 0.5, 0.3]], np.float32), bits=4)  # the largest weight negative
+    @example(w=np.array([[7.0, 0.5, 2.5, -1.5]], np.float32), bits=4)  # scale exactly 1: ties at 0.5, 2.5, -1.5
     def properties(w, bits):
         w = torch.from_numpy(w)  # [out, in]
         Wq, scale, W_hat = quant.absmax_listing(w, bits)
