@@ -379,25 +379,33 @@ def error_table(weights: dict[str, torch.Tensor], schemes=SCHEMES, scale_dtype: 
             x, scales, padded = _normalise(w, s, scale_dtype or SCALE_DTYPE)
             stored = scales.to(torch.float32).unsqueeze(-1)  # [., ., 1]
             codes = _codes(x, s)
-            w_hat = _values(codes, s) * stored  # [out, blocks, block]
-            w_blocks = w_hat.new_zeros(out, padded)
-            w_blocks[:, :inp] = w
-            residual = w_blocks.reshape(w_hat.shape) - w_hat  # padding contributes 0
+            w_hat = (_values(codes, s) * stored).reshape(out, padded)[:, :inp]
+            residual = w - w_hat
             errors[name] = float(torch.linalg.vector_norm(residual) / norm)
             if s.kind == "int":  # the other rule changes only ties, k + 1/2: recompute those
-                other = "half-away" if ROUNDING == "half-even" else "half-even"
-                tie = (x.abs() - x.abs().floor()) == 0.5
-                codes_other = _codes(x[tie], s, other)
-                changed = codes_other != codes[tie]
-                differ += int(changed.sum())
-                r_tie = residual[tie]
-                r_other = (w_blocks.reshape(w_hat.shape)[tie] - _values(codes_other, s) * stored.expand_as(x)[tie])
-                err2 = float(residual.square().sum()) - float(r_tie.square().sum()) + float(r_other.square().sum())
+                xs = x.reshape(out, padded)[:, :inp]
+                rows_, cols = ((xs - xs.floor()) == 0.5).nonzero(as_tuple=True)
+                codes_other = _codes(xs[rows_, cols], s, "half-away" if ROUNDING == "half-even" else "half-even")
+                codes_tie = codes.reshape(out, padded)[rows_, cols]
+                differ += int((codes_other != codes_tie).sum())
+                scale = _scale_at(stored, s, rows_, cols)
+                r_other = w[rows_, cols] - _values(codes_other, s) * scale
+                f64 = torch.float64  # the tie terms are tiny beside the whole: sum in double
+                err2 = float(residual.square().sum(dtype=f64) - residual[rows_, cols].square().sum(dtype=f64) + r_other.square().sum(dtype=f64))
                 away[name] = max(err2, 0.0) ** 0.5 / float(norm)
         worst = max(errors, key=errors.get)
         mean_away = sum(away.values()) / len(away) if away else None
         rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors, mean_away, differ))
     return rows
+
+
+def _scale_at(stored: torch.Tensor, s: Scheme, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The stored scale (fp32) of the elements at ``(rows, cols)``; ``stored`` is ``[out | 1, blocks | 1, 1]``."""
+    if s.granularity == "group":
+        return stored[rows, cols // s.group, 0]
+    if s.granularity == "row":
+        return stored[rows, 0, 0]
+    return stored.reshape(-1)[0].expand(rows.shape)
 
 
 def spread(w: torch.Tensor) -> float:
