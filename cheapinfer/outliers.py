@@ -126,10 +126,16 @@ def empty_octaves_between(counts: list[int]) -> int:
 
 
 def int8_codes(h: torch.Tensor, scale: float) -> torch.Tensor:
-    """Symmetric INT8 codes of an activation under one scale: round(h / scale) clamped to [-128, 127]."""
-    from .quant import round_half_away
+    """Symmetric INT8 codes of an activation under one scale: the chapter's listing,
+    ``torch.round(h / scale)`` clamped to [-128, 127]."""
+    from .quant import round_codes
 
-    return round_half_away(h / scale).clamp(-128, 127)
+    return round_codes(h / scale, "half-even").clamp(-128, 127)
+
+
+def tensor_scale(h: torch.Tensor) -> float:
+    """The tensor-wide INT8 scale of the chapter's listing: max |h| / 127 (the outlier sets it)."""
+    return float(h.abs().max()) / 127
 
 
 def levels_used(codes: torch.Tensor) -> int:
@@ -154,11 +160,11 @@ def int8_report(h: torch.Tensor, exclude: int = 4) -> Int8Report:
     absh = h.abs()
     dim_max = absh.amax(dim=0)  # [H]
     order = dim_max.argsort(descending=True)
-    scale = float(absh.max()) / 127
+    scale = tensor_scale(h)
     codes = int8_codes(h, scale)  # [T, H]
     keep = torch.ones_like(dim_max, dtype=torch.bool)
     keep[order[:exclude]] = False
-    scale_excl = float(dim_max[keep].max()) / 127
+    scale_excl = tensor_scale(h[:, keep])  # the same rule over the remaining dimensions
     codes_excl = int8_codes(h, scale_excl)
     return Int8Report(
         scale=scale,

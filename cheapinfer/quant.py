@@ -10,8 +10,14 @@ Codes are computed against the stored (rounded) scale, so every element is withi
 its dequantized value. ``scale_dtype=torch.float32`` keeps fp32 scales (bitsandbytes' NF4 stores
 its absmax in fp32; the cross-check uses that).
 
-Assumptions: weights are ``[out_features, in_features]`` (``nn.Linear`` layout); rounding is half
-away from zero (C's ``roundf``, as llama.cpp and the ``gguf`` package round).
+The chapter's listing (:func:`absmax_listing`) is implemented as printed: one fp32 scale per
+tensor, ``torch.round`` (halves to the even integer), clamp to ``[-qmax - 1, qmax]``. The suite's
+quantizer follows the same rule by default (``ROUNDING = "half-even"``), so its error table measures
+the book's definition; ``rounding="half-away"`` (C's ``roundf``, as llama.cpp and the ``gguf``
+package round) is kept for the bit-level cross-check against gguf's Q8_0, and :func:`error_table`
+measures both rules (how many codes differ, and the error under each).
+
+Assumptions: weights are ``[out_features, in_features]`` (``nn.Linear`` layout).
 """
 
 from __future__ import annotations
@@ -26,8 +32,16 @@ import torch
 #: The schemes of the book's error table, in its order. ``reference`` is the unquantized fp32 weight.
 SCHEMES = ("reference", "int8-tensor", "int8-row", "int4-tensor", "int4-row", "int4-g128", "nf4")
 
-#: Block size of ``nf4`` without an explicit ``-gN`` (bitsandbytes' and QLoRA's default).
+#: Block size of ``nf4`` without an explicit ``-gN``: bitsandbytes' default ``blocksize`` for NF4
+#: (QLoRA's), an outside fact; the chapter prints only "a smaller block" and 4.25 bits per weight.
 NF4_BLOCK = 64
+
+#: The dtype scales are stored in: 16 bits, as the chapter's bit counts and GGUF's Q8_0/Q4_0 assume.
+SCALE_DTYPE = torch.float16
+
+#: How codes are rounded: ``half-even`` is the chapter's ``torch.round``; ``half-away`` is C's ``roundf``.
+ROUNDING = "half-even"
+ROUNDINGS = ("half-even", "half-away")
 
 #: The published NF4 codebook (QLoRA, Dettmers et al. 2023; the table in bitsandbytes): 16 levels at
 #: quantiles of N(0, 1), normalised to [-1, 1], with an exact zero (8 positive, 7 negative levels).
@@ -89,6 +103,62 @@ def round_half_away(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(x) * torch.floor(x.abs() + 0.5)
 
 
+def round_codes(x: torch.Tensor, rounding: str | None = None) -> torch.Tensor:
+    """Round to integers under ``rounding`` (default :data:`ROUNDING`): ``half-even`` is ``torch.round``."""
+    rule = rounding or ROUNDING
+    if rule == "half-even":
+        return torch.round(x)
+    if rule == "half-away":
+        return round_half_away(x)
+    raise ValueError(f"unknown rounding {rule!r}; known: {', '.join(ROUNDINGS)}")
+
+
+def absmax_listing(W: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chapter's listing, line for line: ``(Wq, scale, W_hat)``.
+
+    One scale for the whole tensor, in ``W``'s dtype; ``torch.round`` rounds halves to even. As
+    printed, an all-zero ``W`` divides by zero (NaN codes).
+    """
+    qmax = 2 ** (bits - 1) - 1
+    scale = W.abs().max() / qmax
+    Wq = torch.round(W / scale).clamp(-qmax - 1, qmax)
+    W_hat = Wq * scale  # dequantized
+    return Wq, scale, W_hat
+
+
+def listing_blockwise(W: torch.Tensor, bits: int, block: int | None = None, rows: bool = False) -> torch.Tensor:
+    """The chapter's listing applied to each region on its own: the whole tensor, each row
+    (``rows=True``), or each group of ``block`` consecutive weights of a row; ``W_hat`` ``[out, in]``.
+
+    A region that is all zero stays zero (the listing as printed would divide by zero there).
+    """
+    w = _as_matrix(W)
+    out = torch.zeros_like(w)
+    regions = [(slice(None), slice(None))] if not (rows or block) else [
+        (slice(r, r + 1), slice(c, c + (block or w.shape[1]))) for r in range(w.shape[0]) for c in range(0, w.shape[1], block or w.shape[1])
+    ]
+    for rs, cs in regions:
+        part = w[rs, cs]
+        if bool((part != 0).any()):
+            out[rs, cs] = absmax_listing(part, bits)[2]
+    return out
+
+
+def rounding_rule(quantizer) -> str:
+    """Which rule ``quantizer(W, bits) -> (Wq, scale, W_hat)`` rounds halves by, read from exact ties.
+
+    ``W = [127, 0.5, 1.5, 2.5, -0.5, -2.5]`` at 8 bits has scale exactly 1, so ``W / scale`` hits the
+    ties 0.5, 1.5, 2.5: halves to even give codes 0, 2, 2; halves away from zero 1, 2, 3.
+    """
+    w = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -2.5])
+    codes = quantizer(w, 8)[0].tolist()
+    if codes == [127, 0, 2, 2, 0, -2]:
+        return "half to even"
+    if codes == [127, 1, 2, 3, -1, -3]:
+        return "half away from zero"
+    return f"other: {codes}"
+
+
 def nf4_codebook(dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.tensor(NF4_CODEBOOK, dtype=dtype)
 
@@ -147,11 +217,7 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         out, inp = self.shape
-        codes = self.unpacked_codes()  # [out, in_padded]
-        if self.scheme.kind == "nf4":
-            values = nf4_codebook()[codes.long() + 8]
-        else:
-            values = codes.to(torch.float32)
+        values = _values(self.unpacked_codes(), self.scheme)  # [out, in_padded]
         scales = self.scales.to(torch.float32)
         if self.scheme.granularity == "group":
             g = self.scheme.group
@@ -170,10 +236,9 @@ def _as_matrix(weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
-def quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch.float16) -> QuantizedTensor:
-    """Quantize a ``[out, in]`` weight (a 1-D tensor is treated as one row) into codes and scales."""
-    s = parse_scheme(scheme)
-    w = _as_matrix(weight).detach().to(torch.float32)
+def _normalise(w: torch.Tensor, s: Scheme, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(x, scales, padded)``: ``x = w / scale`` per block ``[out, blocks, block]``, the stored scales
+    ``[out | 1, blocks | 1]`` in ``scale_dtype``, and the input dimension padded to whole groups."""
     out, inp = w.shape
     padded = inp
     if s.granularity == "group":
@@ -191,16 +256,36 @@ def quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch
     top = 1.0 if s.kind == "nf4" else float(s.qmax)
     scales = (absmax / top).to(scale_dtype)  # stored
     stored = scales.to(torch.float32).unsqueeze(-1)  # [., ., 1]
-    inv = torch.where(stored > 0, 1.0 / stored, torch.zeros_like(stored))
-    x = blocks * inv  # normalised: |x| <= qmax (int) or 1 (nf4), up to the scale's rounding
+    # the listing's W / scale; an all-zero block (scale 0) stays zero instead of dividing by zero
+    x = torch.where(stored > 0, blocks / torch.where(stored > 0, stored, torch.ones_like(stored)), torch.zeros_like(blocks))
+    return x, scales, padded
+
+
+def _codes(x: torch.Tensor, s: Scheme, rounding: str | None = None) -> torch.Tensor:
+    """Signed int8 codes of normalised values: INT levels, or for NF4 the nearest level's index - 8."""
     if s.kind == "nf4":
         book = nf4_codebook()
         mids = (book[1:] + book[:-1]) / 2  # 15 decision thresholds
-        idx = torch.bucketize(x, mids)  # nearest level; index 0..15
-        codes = (idx - 8).to(torch.int8)
-    else:
-        codes = round_half_away(x).clamp_(-s.qmax - 1, s.qmax).to(torch.int8)
-    codes = codes.reshape(out, padded)
+        return (torch.bucketize(x, mids) - 8).to(torch.int8)  # nearest level; index 0..15 -> -8..7
+    return round_codes(x, rounding).clamp_(-s.qmax - 1, s.qmax).to(torch.int8)
+
+
+def _values(codes: torch.Tensor, s: Scheme) -> torch.Tensor:
+    """The normalised value of each code (fp32): the integer itself, or the NF4 level."""
+    return nf4_codebook()[codes.long() + 8] if s.kind == "nf4" else codes.to(torch.float32)
+
+
+def quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None, rounding: str | None = None) -> QuantizedTensor:
+    """Quantize a ``[out, in]`` weight (a 1-D tensor is treated as one row) into codes and scales.
+
+    ``scale_dtype`` defaults to :data:`SCALE_DTYPE` (fp16), ``rounding`` to :data:`ROUNDING` (the
+    chapter's ``torch.round``).
+    """
+    s = parse_scheme(scheme)
+    w = _as_matrix(weight).detach().to(torch.float32)
+    out, inp = w.shape
+    x, scales, padded = _normalise(w, s, scale_dtype or SCALE_DTYPE)
+    codes = _codes(x, s, rounding).reshape(out, padded)
     if s.bits == 4:
         flat = (codes.reshape(-1) + 8).to(torch.uint8)  # 0..15
         if flat.numel() % 2:
@@ -210,12 +295,19 @@ def quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch
     return QuantizedTensor(s, (out, inp), codes.contiguous(), scales.contiguous(), padded)
 
 
-def fake_quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch.float16) -> torch.Tensor:
-    """Quantize then dequantize: same shape and dtype as ``weight``. ``reference`` returns a copy."""
+def fake_quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None, rounding: str | None = None) -> torch.Tensor:
+    """Quantize then dequantize: same shape and dtype as ``weight``. ``reference`` returns a copy.
+
+    Equal, bit for bit, to ``quantize(...).dequantize()``, without packing 4-bit codes into bytes.
+    """
     if scheme == "reference":
         return weight.detach().clone()
-    q = quantize(weight, scheme, scale_dtype)
-    return q.dequantize(torch.float32).reshape(weight.shape).to(weight.dtype)
+    s = parse_scheme(scheme)
+    w = _as_matrix(weight).detach().to(torch.float32)
+    out, inp = w.shape
+    x, scales, padded = _normalise(w, s, scale_dtype or SCALE_DTYPE)
+    w_hat = _values(_codes(x, s, rounding), s) * scales.to(torch.float32).unsqueeze(-1)  # [out, blocks, block]
+    return w_hat.reshape(out, padded)[:, :inp].reshape(weight.shape).to(weight.dtype)
 
 
 _PROJ = re.compile(r"\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight$")
@@ -248,10 +340,10 @@ def quantized_copy(model, scheme: str):
 # ----------------------------------------------------------------------------------------------
 
 
-def relative_error(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype = torch.float16) -> float:
+def relative_error(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None, rounding: str | None = None) -> float:
     """``||W - W_hat||_F / ||W||_F`` for one matrix."""
     w = weight.detach().float()
-    return float(torch.linalg.vector_norm(w - fake_quantize(w, scheme, scale_dtype)) / torch.linalg.vector_norm(w))
+    return float(torch.linalg.vector_norm(w - fake_quantize(w, scheme, scale_dtype, rounding)) / torch.linalg.vector_norm(w))
 
 
 @dataclass
@@ -261,16 +353,64 @@ class ErrorRow:
     worst: float
     worst_matrix: str
     errors: dict[str, float]  # per matrix
+    #: under the other rounding rule (half away from zero; INT schemes only): mean error, and how many
+    #: weights get another code than under ``torch.round`` (the ties k + 1/2 with k even)
+    mean_half_away: float | None = None
+    codes_differ: int = 0
 
 
-def error_table(weights: dict[str, torch.Tensor], schemes=SCHEMES, scale_dtype: torch.dtype = torch.float16) -> list[ErrorRow]:
-    """Relative error of every matrix under every scheme: one row per scheme (mean and worst over matrices)."""
+def error_table(weights: dict[str, torch.Tensor], schemes=SCHEMES, scale_dtype: torch.dtype | None = None) -> list[ErrorRow]:
+    """Relative error of every matrix under every scheme: one row per scheme (mean and worst over matrices).
+
+    Errors are those of the chapter's rounding (``torch.round``); for INT schemes the same codes are
+    also rounded half away from zero, and the weights whose code differs are counted.
+    """
     rows = []
     for scheme in schemes:
-        errors = {name: relative_error(w, scheme, scale_dtype) for name, w in weights.items()}
+        errors, away, differ = {}, {}, 0
+        for name, weight in weights.items():
+            w = _as_matrix(weight).detach().float()
+            norm = torch.linalg.vector_norm(w)
+            if scheme == "reference":
+                errors[name] = 0.0
+                continue
+            s = parse_scheme(scheme)
+            out, inp = w.shape
+            x, scales, padded = _normalise(w, s, scale_dtype or SCALE_DTYPE)
+            stored = scales.to(torch.float32).unsqueeze(-1)  # [., ., 1]
+            codes = _codes(x, s)
+            w_hat = (_values(codes, s) * stored).reshape(out, padded)[:, :inp]
+            residual = w - w_hat
+            errors[name] = float(torch.linalg.vector_norm(residual) / norm)
+            if s.kind == "int":  # the other rule changes only ties, k + 1/2: recompute those
+                xs = x.reshape(out, padded)[:, :inp]
+                rows_, cols = ((xs - xs.floor()) == 0.5).nonzero(as_tuple=True)
+                codes_other = _codes(xs[rows_, cols], s, "half-away" if ROUNDING == "half-even" else "half-even")
+                codes_tie = codes.reshape(out, padded)[rows_, cols]
+                differ += int((codes_other != codes_tie).sum())
+                scale = _scale_at(stored, s, rows_, cols)
+                r_other = w[rows_, cols] - _values(codes_other, s) * scale
+                f64 = torch.float64  # the tie terms are tiny beside the whole: sum in double
+                err2 = float(residual.square().sum(dtype=f64) - residual[rows_, cols].square().sum(dtype=f64) + r_other.square().sum(dtype=f64))
+                away[name] = max(err2, 0.0) ** 0.5 / float(norm)
         worst = max(errors, key=errors.get)
-        rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors))
+        mean_away = sum(away.values()) / len(away) if away else None
+        rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors, mean_away, differ))
     return rows
+
+
+def _scale_at(stored: torch.Tensor, s: Scheme, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The stored scale (fp32) of the elements at ``(rows, cols)``; ``stored`` is ``[out | 1, blocks | 1, 1]``."""
+    if s.granularity == "group":
+        return stored[rows, cols // s.group, 0]
+    if s.granularity == "row":
+        return stored[rows, 0, 0]
+    return stored.reshape(-1)[0].expand(rows.shape)
+
+
+def spread(w: torch.Tensor) -> float:
+    """The standard deviation of a matrix's weights (all elements, float64)."""
+    return float(w.std())
 
 
 def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float | int]:
@@ -278,7 +418,7 @@ def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float |
     from scipy.stats import norm
 
     w = weight.detach().double().flatten()
-    std = float(w.std())
+    std = spread(w)
     beyond = int((w.abs() > sigmas * std).sum())
     expected = w.numel() * 2 * float(norm.sf(sigmas))  # under a normal distribution
     return {
@@ -288,9 +428,20 @@ def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float |
         "max_over_std": float(w.abs().max()) / std,
         "beyond_6sigma": beyond,
         "numel": w.numel(),
-        "beyond_fraction": beyond / w.numel(),
+        "beyond_percent": 100 * beyond / w.numel(),
+        "one_in": w.numel() / beyond if beyond else float("inf"),
         "tail_excess": beyond / expected,
     }
+
+
+def nf4_levels_in_use() -> list[float]:
+    """The 16 levels the NF4 quantizer actually reconstructs, read back from it.
+
+    A ramp over [-1, 1] in one block has absmax 1, so its (fp16) scale is exactly 1 and every
+    dequantized value is a level of the codebook in use.
+    """
+    ramp = torch.linspace(-1.0, 1.0, 4096).reshape(1, -1)  # [1, 4096]
+    return sorted(set(fake_quantize(ramp, "nf4-g4096").flatten().tolist()))
 
 
 def central_levels(weight: torch.Tensor, scheme: str = "int4-tensor", central: float = 0.99) -> int:
@@ -326,6 +477,7 @@ def stored_bits(shapes: dict[str, tuple[int, int]], scheme: str, count: int = 1)
 
 
 def decimal_gb(parameters: int, bytes_per_parameter: int) -> float:
+    """Bytes in decimal gigabytes (10^9 B), the chapter's GB (1.98 GB for 494 M parameters at 4 bytes)."""
     return parameters * bytes_per_parameter / 1e9
 
 
