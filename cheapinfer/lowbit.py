@@ -258,15 +258,6 @@ def streamed_bytes(model) -> int:
     return total
 
 
-def bnb_nf4_direct_on(device: torch.device) -> bool:
-    """Whether bitsandbytes' NF4 gemv reads the packed codes directly here: CUDA, or a CPU with AVX-512 BF16."""
-    if device.type == "cuda":
-        return True
-    from bitsandbytes.functional import has_avx512bf16
-
-    return bool(has_avx512bf16())
-
-
 @dataclass
 class Step:
     """One variant's decode step: the bytes it streams, its median time, and where that sits on the roofline."""

@@ -49,8 +49,6 @@ def test_fewer_bytes_per_weight_make_a_decode_step_faster(claim, twin_factory, d
     steps = lowbit.decode_steps({"fp32": fp32.model, half: ref.model, **low}, timed)
     base = steps[half]
     kernels = {"fp32": ("dense fp32 product", True), half: (f"dense {half} product", True), **lowbit.LOW_BIT}
-    if kind == "cpu" and not lowbit.bnb_nf4_direct_on(device):
-        kernels["bnb-nf4"] = (kernels["bnb-nf4"][0] + ", CPU fallback: dequantizes every call", False)
     claim.table(
         f"Batch-1 decode step of the twin (32 cached tokens), {half} activations for the low-bit kernels",
         ["weights", "kernel", "reads stored codes", "bytes per step (MB)", f"bytes vs {half}", "step (ms)", f"speedup vs {half}", "GB/s", "roofline"],
