@@ -1,5 +1,7 @@
 """The real low-bit kernels compute what the suite's own quantizers describe."""
 
+import copy
+
 import pytest
 import torch
 
@@ -27,10 +29,10 @@ def test_kernel_layer_equals_the_suites_dequantized_weight(scheme):
     torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
 
 
-def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stand_in, corpus_text):
+def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stand_in, corpus_text, quantized_variant):
     """The stand-in's projections as int8-row codes through torch's int8 kernel: the perplexity of the suite's fake-quantized int8-row."""
     ids = corpus.held_out_ids(stand_in.tokenizer, corpus_text, PPL_TOKENS)
-    fake = quant.quantized_copy(stand_in.model, "int8-row").to(torch.bfloat16)
+    fake = copy.deepcopy(quantized_variant(stand_in, "int8-row")).to(torch.bfloat16)  # the EVAL table's own variant, cast on a copy
     real = lowbit.variant(stand_in.model, "int8", projections_only=True, act_dtype=torch.bfloat16)
     assert sum(isinstance(m, lowbit.Int8Linear) for m in real.modules()) == len(quant.projection_weights(stand_in.model))
     with torch.inference_mode():
