@@ -42,7 +42,7 @@ size, and the two compared at every step (once on the timed workload, once untim
 PAGE-WASTE's 48-token prompts, where a sequence spans several blocks). Prefix caching: two requests
 share a prompt prefix of two and a quarter blocks; the engine's own counters
 (``vllm:prefix_cache_queries`` / ``_hits``) give the hits, against the full blocks the suite's
-:func:`paging.prefix_sharing` shares, and the second request's tokens are compared with its tokens
+:func:`prefix_accounting` (the suite's block pool, forking the full prefix blocks) shares, and the second request's tokens are compared with its tokens
 when run alone (prefix cache reset).
 
 Nothing here imports vLLM at module level: the workload, the table and the "cannot run" path work
@@ -215,6 +215,22 @@ def paged_replay(held: Sequence[dict[int, int]], done: Sequence[Sequence[int]], 
         for r in gone:
             cache.remove(r)
     return in_use
+
+
+def prefix_accounting(prefix: int, rest: int, block_size: int) -> tuple[int, int]:
+    """Two requests of ``prefix + rest`` tokens sharing their first ``prefix`` tokens, in the suite's pool:
+    (blocks the second shares with the first, blocks saved against holding both apart). The second
+    forks the first's *full* prefix blocks (reference-counted), as the scheduler on the paged cache does."""
+    total = prefix + rest
+    apart = 2 * math.ceil(total / block_size)
+    pool = paging.PagedKVCache(apart, block_size, kv_heads=1, head_dim=1)
+    zeros = lambda n: torch.zeros(1, n, 1)  # noqa: E731  [H_kv=1, T, D=1]: only the accounting matters
+    pool.add("first")
+    pool.append("first", zeros(total), zeros(total))
+    full = prefix // block_size * block_size
+    pool.fork("first", "second", tokens=full)
+    pool.append("second", zeros(total - full), zeros(total - full))
+    return pool.shared_blocks, apart - pool.blocks_in_use
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,7 +427,7 @@ class Engine:
         delta = lambda x, y, k: int(y.get(k, 0) - x.get(k, 0))  # noqa: E731
         hits = delta(after_a, after_b, "vllm:prefix_cache_hits")
         queries = delta(after_a, after_b, "vllm:prefix_cache_queries")
-        suite = paging.prefix_sharing(prefix_len, [PREFIX_SUFFIX + PREFIX_OUTPUT] * 2, block_size=bs)
+        shared_full_blocks, saved = prefix_accounting(prefix_len, PREFIX_SUFFIX + PREFIX_OUTPUT, bs)
         return {
             "block_size": bs,
             "shared_prefix_tokens": prefix_len,
@@ -422,8 +438,8 @@ class Engine:
             "second_request_hit_rate": hits / queries if queries else None,
             "hit_rate_both_requests": (hits + delta(before, after_a, "vllm:prefix_cache_hits")) / (queries + delta(before, after_a, "vllm:prefix_cache_queries")),
             "vllm_shared_blocks": hits / bs,
-            "suite_shared_full_blocks": suite.shared_full_blocks,
-            "suite_blocks_saved": suite.saved,
+            "suite_shared_full_blocks": shared_full_blocks,
+            "suite_blocks_saved": saved,
             "same_tokens_as_alone": b_shared == b_alone,
         }
 

@@ -174,13 +174,15 @@ def returned_cache(out):
 
 
 @torch.inference_mode()
-def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[int], None] | None = None, cache=None) -> torch.Tensor:
     """Prefill ``ids`` [1, P], then one token per step from the cache. Returns the new tokens [1, new_tokens].
 
     ``on_step(k)`` is called after token k (1-based) is chosen, e.g. to read a clock. Only the cache
     and the last token are held between steps (the logits are dropped), as a serving loop would.
+    ``cache``: an empty transformers cache to fill (e.g. :func:`cheapinfer.paging.paged_cache`);
+    default: the model's own.
     """
-    out = model(ids, use_cache=True)
+    out = model(ids, **_cache_kwargs(model, cache), use_cache=True)
     past, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)  # nxt: [1, 1]
     del out
     tokens = [nxt]

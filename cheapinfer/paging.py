@@ -1,19 +1,19 @@
 """Section 2, the paged KV cache: fixed-size blocks, a block table per sequence, shared prefixes.
 
-:class:`PagedKVCache` stores the keys and values of one attention layer (all its KV heads) in a
-preallocated pool of fixed-size blocks, ``[num_blocks, 2, H_kv, block_size, D]``. Each sequence
-owns a block table (its logical blocks -> physical blocks); blocks come from a free list and are
-reference-counted, so a sequence forked from another shares the blocks of their common prefix.
-A shared block that is not full is copied before the first write (copy-on-write), so sharing
-never changes what either sequence reads. :meth:`PagedKVCache.attention` gathers a sequence's
-blocks through its table and runs ordinary scaled-dot-product attention; it equals attention over
-the contiguous cache exactly, because the gathered keys and values are the same numbers in the
-same order. (Scope: one layer's cache and attention, checked against a contiguous reference;
-the model's own forward pass keeps its own cache.)
+:class:`PagedKVCache` is a preallocated pool of fixed-size blocks, ``[num_blocks, layers, 2, H_kv,
+block_size, D]``. Each sequence owns a block table (its logical blocks -> physical blocks), shared
+by all layers; blocks come from a free list and are reference-counted, so a sequence forked from
+another shares the blocks of their common prefix. A shared block that is not full is copied
+before the first write (copy-on-write), so sharing never changes what either sequence reads.
 
-:func:`reservation_waste` and :func:`prefix_sharing` account for a workload of many sequences:
-reserved-but-unused memory under max-context reservation and under paging, and the blocks a
-shared prefix saves.
+:func:`paged_cache` puts the pool inside the model: a transformers ``Cache`` whose ``update`` writes
+each layer's new keys and values through the block table and hands back every cached one, so
+``model.generate(..., past_key_values=paged_cache(...))`` and the suite's own loops run on it.
+Batch rows are sequences of the pool, left-aligned, the shorter ones masked
+(:meth:`attention_mask`): a row holds only its own tokens, no padding.
+
+:func:`run_waste` reads the reservation waste of a real run (the continuous-batching scheduler on
+the paged cache, :func:`cheapinfer.batching.run_paged`) from the block tables it recorded.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 
 class OutOfBlocks(RuntimeError):
@@ -32,13 +31,23 @@ class OutOfBlocks(RuntimeError):
 
 
 class PagedKVCache:
-    def __init__(self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A pool of fixed-size blocks holding the keys and values of ``layers`` attention layers.
+
+    A sequence's block table is shared by all layers (as in vLLM): block ``b`` holds the same
+    token positions in every layer. :meth:`reserve` hands out (and copies on write) the blocks
+    for new positions once; :meth:`write` stores one layer's keys and values there.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", layers: int = 1):
         self.block_size = block_size
-        self.pool = torch.zeros(num_blocks, 2, kv_heads, block_size, head_dim, dtype=dtype, device=device)  # [N, k/v, H, bs, D]
+        self.pool = torch.zeros(num_blocks, layers, 2, kv_heads, block_size, head_dim, dtype=dtype, device=device)  # [N, L, k/v, H, bs, D]
         self.free: deque[int] = deque(range(num_blocks))
         self.refs = [0] * num_blocks
         self.tables: dict[object, list[int]] = {}
         self.lengths: dict[object, int] = {}
+        self.handed_out = 0  # blocks taken from the free list so far (a block reused after a free counts again)
+        self.reused = 0  # of those, blocks that had been freed by an earlier sequence
+        self._ever: set[int] = set()
 
     # -- allocation --------------------------------------------------------------------------
 
@@ -47,23 +56,29 @@ class PagedKVCache:
             raise OutOfBlocks(f"all {len(self.refs)} blocks are in use")
         b = self.free.popleft()
         self.refs[b] = 1
+        self.handed_out += 1
+        self.reused += b in self._ever
+        self._ever.add(b)
         return b
 
     def _release(self, b: int) -> None:
         self.refs[b] -= 1
         if self.refs[b] == 0:
-            self.free.append(b)
+            self.free.appendleft(b)  # last freed, first handed out again: a finished sequence's blocks are reused at once
 
     def add(self, seq: object) -> None:
         if seq in self.tables:
             raise KeyError(f"sequence {seq!r} already exists")
         self.tables[seq], self.lengths[seq] = [], 0
 
-    def fork(self, parent: object, child: object) -> None:
-        """``child`` starts as ``parent``'s tokens, sharing every block of them (reference counts + 1)."""
+    def fork(self, parent: object, child: object, tokens: int | None = None) -> None:
+        """``child`` starts as the first ``tokens`` (default: all) of ``parent``'s tokens, sharing their blocks (reference counts + 1)."""
+        n = self.lengths[parent] if tokens is None else tokens
+        if not 0 <= n <= self.lengths[parent]:
+            raise ValueError(f"cannot fork {n} tokens of a sequence holding {self.lengths[parent]}")
         self.add(child)
-        self.tables[child] = list(self.tables[parent])
-        self.lengths[child] = self.lengths[parent]
+        self.tables[child] = list(self.tables[parent][: math.ceil(n / self.block_size)])
+        self.lengths[child] = n
         for b in self.tables[child]:
             self.refs[b] += 1
 
@@ -72,38 +87,67 @@ class PagedKVCache:
             self._release(b)
         del self.lengths[seq]
 
-    def append(self, seq: object, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append ``T`` tokens of keys and values, each ``[H_kv, T, D]``, to ``seq``."""
+    def truncate(self, seq: object, tokens: int) -> None:
+        """Keep only the first ``tokens`` tokens of ``seq``; blocks past them are released."""
+        table = self.tables[seq]
+        keep = math.ceil(tokens / self.block_size)
+        for b in table[keep:]:
+            self._release(b)
+        del table[keep:]
+        self.lengths[seq] = min(tokens, self.lengths[seq])
+
+    def reserve(self, seq: object, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make room for ``tokens`` new positions of ``seq``: (physical block, offset in it) of each, ``[T]`` each.
+
+        A shared, partly filled last block is copied first (copy-on-write, all layers), so a
+        write never changes what another sequence reads.
+        """
         table, n, bs = self.tables[seq], self.lengths[seq], self.block_size
-        T = k.shape[1]
-        if n % bs and self.refs[table[-1]] > 1:  # copy-on-write: the partial last block is shared
+        if n % bs and self.refs[table[-1]] > 1:
             new = self._take()
             self.pool[new] = self.pool[table[-1]]
             self._release(table[-1])
             table[-1] = new
-        while len(table) * bs < n + T:
+        while len(table) * bs < n + tokens:
             table.append(self._take())
-        pos = torch.arange(n, n + T, device=self.pool.device)  # [T] logical positions
+        pos = torch.arange(n, n + tokens, device=self.pool.device)  # [T] logical positions
         blocks = torch.tensor(table, dtype=torch.long, device=self.pool.device)[pos // bs]  # [T] physical blocks
-        offsets = pos % bs  # [T]
-        self.pool[blocks, 0, :, offsets] = k.transpose(0, 1).to(self.pool.dtype)  # [T, H, D]
-        self.pool[blocks, 1, :, offsets] = v.transpose(0, 1).to(self.pool.dtype)
-        self.lengths[seq] = n + T
+        self.lengths[seq] = n + tokens
+        return blocks, pos % bs
+
+    def write(self, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int = 0) -> None:
+        """Store keys and values ``[M, H_kv, D]`` of one layer at the positions ``reserve`` returned (``[M]`` each)."""
+        self.pool[blocks, layer, 0, :, offsets] = k.to(self.pool.dtype)
+        self.pool[blocks, layer, 1, :, offsets] = v.to(self.pool.dtype)
+
+    def append(self, seq: object, k: torch.Tensor, v: torch.Tensor, layer: int = 0) -> None:
+        """Append ``T`` tokens of keys and values, each ``[H_kv, T, D]``, to ``seq`` (a one-layer pool)."""
+        blocks, offsets = self.reserve(seq, k.shape[1])
+        self.write(blocks, offsets, k.transpose(0, 1), v.transpose(0, 1), layer)
 
     # -- reading -----------------------------------------------------------------------------
 
-    def gather(self, seq: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, seq: object, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of ``seq`` in logical order, each ``[H_kv, S, D]``."""
         table = torch.tensor(self.tables[seq], dtype=torch.long, device=self.pool.device)
-        blocks = self.pool[table]  # [nb, 2, H, bs, D]
+        blocks = self.pool[table, layer]  # [nb, 2, H, bs, D]
         nb, _, h, bs, d = blocks.shape
         kv = blocks.permute(1, 2, 0, 3, 4).reshape(2, h, nb * bs, d)[:, :, : self.lengths[seq]]  # [2, H, S, D]
         return kv[0], kv[1]
 
-    def attention(self, seq: object, q: torch.Tensor) -> torch.Tensor:
-        """Attention of queries ``q`` [H_q, Tq, D] (the last Tq positions of ``seq``) over its cache."""
-        k, v = self.gather(seq)
-        return contiguous_attention(q, k, v)
+    def gather_batch(self, seqs: Sequence[object], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of several sequences, left-aligned and padded to the longest, each ``[B, H_kv, S_max, D]``.
+
+        Columns past a sequence's length hold whatever its table's padding block holds: the
+        caller masks them (:meth:`PagedCache.attention_mask`).
+        """
+        longest = max(self.lengths[s] for s in seqs)
+        nb = math.ceil(longest / self.block_size)
+        idx = torch.tensor([self.tables[s] + [self.tables[s][0]] * (nb - len(self.tables[s])) for s in seqs], dtype=torch.long, device=self.pool.device)  # [B, nb]
+        blocks = self.pool[idx, layer]  # [B, nb, 2, H, bs, D]
+        b, _, _, h, bs, d = blocks.shape
+        kv = blocks.permute(2, 0, 3, 1, 4, 5).reshape(2, b, h, nb * bs, d)[..., :longest, :]  # [2, B, H, S_max, D]
+        return kv[0], kv[1]
 
     # -- accounting --------------------------------------------------------------------------
 
@@ -115,27 +159,33 @@ class PagedKVCache:
         """Token slots reserved in ``seq``'s blocks but not holding one of its tokens."""
         return len(self.tables[seq]) * self.block_size - self.lengths[seq]
 
+    def tables_consistent(self) -> bool:
+        """Every block's reference count equals the number of tables holding it, and no free block is held."""
+        held = [0] * len(self.refs)
+        for table in self.tables.values():
+            for b in table:
+                held[b] += 1
+        return held == self.refs and not any(held[b] for b in self.free) and len(set(self.free)) == len(self.free)
 
-def contiguous_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Reference: causal attention of ``q`` [H_q, Tq, D] over a contiguous cache ``k``, ``v`` [H_kv, S, D] (grouped-query)."""
-    group = q.shape[0] // k.shape[0]
-    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)  # [H_q, S, D]
-    tq, s = q.shape[1], k.shape[1]
-    mask = torch.ones(tq, s, dtype=torch.bool, device=q.device).tril(s - tq)  # query i sees keys <= s - tq + i
-    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)[0]  # [H_q, Tq, D]
+    @property
+    def shared_blocks(self) -> int:
+        """Blocks held by more than one sequence."""
+        return sum(r > 1 for r in self.refs)
 
 
 # ----------------------------------------------------------------------------------------------
-# the workload: reservation waste and prefix sharing
+# reservation waste of a run, from its block tables
 # ----------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Waste:
-    used_tokens: int  # tokens the sequences actually hold
-    reserved_max_context: int  # token slots reserved by max-context reservation
-    reserved_longest: int  # slots reserved if every slot reserved the workload's longest sequence
-    reserved_paged: int  # slots in the blocks the paged cache handed out
+    """Token slots x steps, summed over a run's decode steps."""
+
+    used_tokens: int  # tokens the live sequences actually held
+    reserved_max_context: int  # slots max-context reservation would have held for them
+    reserved_longest: int  # slots if every live sequence had reserved the run's longest sequence
+    reserved_paged: int  # slots in the blocks the paged cache had handed out
     max_unused_per_sequence_paged: int  # worst sequence: slots in its blocks it does not use
     block_size: int
 
@@ -152,132 +202,150 @@ class Waste:
         return 1 - self.used_tokens / self.reserved_paged
 
 
-def fill(cache: PagedKVCache, seq: object, tokens: int, generator: torch.Generator, chunk: int | None = None) -> None:
-    """Append ``tokens`` tokens of seeded random keys/values to ``seq`` (one append, or ``chunk`` at a time)."""
-    _, _, h, _, d = cache.pool.shape
-    step = chunk or tokens
-    for start in range(0, tokens, step):
-        t = min(step, tokens - start)
-        cache.append(seq, torch.randn(h, t, d, generator=generator), torch.randn(h, t, d, generator=generator))
+def run_waste(snapshots: Sequence[dict], reserved_per_slot: int, block_size: int) -> Waste:
+    """Reservation waste of a real run, summed over its steps from the block tables it recorded.
 
-
-def reservation_waste(
-    prompt: int,
-    outputs: Sequence[int],
-    max_new_tokens: int,
-    block_size: int = 16,
-    kv_heads: int = 2,
-    head_dim: int = 64,
-    seed: int = 0,
-) -> Waste:
-    """Max-context reservation vs paging for sequences of ``prompt`` + ``outputs[i]`` tokens.
-
-    Max-context reservation gives every sequence ``prompt + max_new_tokens`` slots up front.
-    The paged cache is run for real: the prompt is appended at once, then each output token one
-    at a time (as decode does), and the blocks it handed out are counted.
+    Each snapshot (one per decode step) holds every live sequence's tokens and unused slots and
+    the blocks in use. Max-context reservation would have held ``reserved_per_slot`` slots for
+    every live sequence at that step; the paged cache held the blocks in use. Units: token slots
+    x steps.
     """
-    lengths = [prompt + n for n in outputs]
-    need = sum(math.ceil(n / block_size) for n in lengths)
-    cache = PagedKVCache(need, block_size, kv_heads, head_dim)
-    g = torch.Generator().manual_seed(seed)
-    for i, n in enumerate(outputs):
-        cache.add(i)
-        fill(cache, i, prompt, g)
-        fill(cache, i, n, g, chunk=1)
+    used = sum(sum(s["tokens"]) for s in snapshots)
+    longest = max(max(s["tokens"]) for s in snapshots)
     return Waste(
-        used_tokens=sum(lengths),
-        reserved_max_context=len(lengths) * (prompt + max_new_tokens),
-        reserved_longest=len(lengths) * max(lengths),
-        reserved_paged=cache.blocks_in_use * block_size,
-        max_unused_per_sequence_paged=max(cache.unused_slots(i) for i in range(len(lengths))),
+        used_tokens=used,
+        reserved_max_context=sum(len(s["tokens"]) * reserved_per_slot for s in snapshots),
+        reserved_longest=sum(len(s["tokens"]) * longest for s in snapshots),
+        reserved_paged=sum(s["blocks_in_use"] * block_size for s in snapshots),
+        max_unused_per_sequence_paged=max(max(s["unused_slots"]) for s in snapshots),
         block_size=block_size,
     )
 
 
-@dataclass
-class Sharing:
-    blocks_without: int  # every sequence stores its own copy of the prefix
-    blocks_with: int  # sequences forked from one holder of the prefix
-    shared_full_blocks: int  # full prefix blocks held once instead of once per sequence
-
-    @property
-    def saved(self) -> int:
-        return self.blocks_without - self.blocks_with
+# ----------------------------------------------------------------------------------------------
+# the paged cache inside the model: a transformers ``Cache`` over the block table
+# ----------------------------------------------------------------------------------------------
 
 
-def prefix_sharing(prefix: int, suffixes: Sequence[int], block_size: int = 16, kv_heads: int = 2, head_dim: int = 64, seed: int = 0) -> Sharing:
-    """Blocks used by sequences of ``prefix`` shared tokens + ``suffixes[i]`` own tokens, with and without sharing.
+def _cache_classes():
+    from transformers.cache_utils import Cache, CacheLayerMixin
 
-    Both caches are run for real on the same keys and values. With sharing, the prefix is written
-    once and every sequence is forked from it; a partial last prefix block is copied on the first
-    write of each fork.
+    return Cache, CacheLayerMixin
+
+
+def _model_dims(config) -> tuple[int, int, int]:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers, config.num_key_value_heads, head_dim
+
+
+def paged_cache(config, num_blocks: int, block_size: int = 16, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", rows: Sequence[object] | None = None, pool: PagedKVCache | None = None):
+    """A transformers ``Cache`` whose keys and values live in a :class:`PagedKVCache` (one block table per sequence, all layers).
+
+    Batch row ``b`` of the model's inputs is sequence ``rows[b]`` of the pool (default: one new
+    sequence, ``0``). Pass ``pool`` to give several caches (views on different rows) one pool.
     """
-    n = len(suffixes)
-    full = prefix // block_size
-    size = sum(math.ceil((prefix + s) / block_size) for s in suffixes) + 1
-    g = torch.Generator().manual_seed(seed)
-    pk, pv = torch.randn(kv_heads, prefix, head_dim, generator=g), torch.randn(kv_heads, prefix, head_dim, generator=g)
-    own = [(torch.randn(kv_heads, s, head_dim, generator=g), torch.randn(kv_heads, s, head_dim, generator=g)) for s in suffixes]
+    Cache, CacheLayerMixin = _cache_classes()
+    layers, kv_heads, head_dim = _model_dims(config)
 
-    alone = PagedKVCache(size, block_size, kv_heads, head_dim)
-    for i, (k, v) in enumerate(own):
-        alone.add(i)
-        alone.append(i, pk, pv)
-        alone.append(i, k, v)
+    class PagedLayer(CacheLayerMixin):
+        """One decoder layer's view of the pool. Row lengths come from the pool's shared tables."""
 
-    shared = PagedKVCache(size, block_size, kv_heads, head_dim)
-    shared.add("prefix")
-    shared.append("prefix", pk, pv)
-    for i, (k, v) in enumerate(own):
-        shared.fork("prefix", i)
-        shared.append(i, k, v)
-    shared.remove("prefix")  # the prefix lives on in the sequences that share it
-    for i in range(n):  # sharing must not change what any sequence reads
-        a, b = alone.gather(i), shared.gather(i)
-        if not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])):
-            raise AssertionError(f"sequence {i}: the shared cache reads different keys or values")
-    return Sharing(alone.blocks_in_use, shared.blocks_in_use, (n - 1) * full)
+        is_sliding = False
+        is_croppable = True
 
+        def __init__(self, owner, index: int):
+            super().__init__()
+            self.owner, self.index = owner, index
+            self.is_initialized = True
 
-def model_kv(model, input_ids: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values a transformers model caches at ``layer`` for ``input_ids`` [1, S]: each [H_kv, S, D]."""
-    from transformers import DynamicCache
+        def lazy_initialization(self, key_states, value_states) -> None:  # the pool is allocated up front
+            return None
 
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=input_ids.to(next(model.parameters()).device), cache=cache, use_cache=True)
-    return cache.layers[layer].keys[0].clone(), cache.layers[layer].values[0].clone()
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            """Write ``[B, H, T, D]`` new keys and values, return every cached one ``[B, H, S_max, D]`` (rows left-aligned)."""
+            return self.owner._update(key_states, value_states, self.index)
 
+        def get_seq_length(self) -> int:
+            return self.owner.get_seq_length()
 
-def paged_equals_contiguous(model, prompt_ids: torch.Tensor, continuations: Sequence[torch.Tensor], layer: int, block_size: int = 16, seed: int = 0) -> dict[str, object]:
-    """Real keys and values of ``model`` in a paged cache with a shared prefix, against contiguous caches.
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.owner.get_seq_length() + query_length, 0
 
-    Sequence i is ``prompt_ids`` [P] followed by ``continuations[i]`` [T_i]; the prompt's keys and
-    values (from the model) are written once and shared by forking; each continuation's keys and
-    values (from the model run on the whole sequence) are appended one token at a time, as decode
-    does. For every sequence, attention of seeded queries over the paged cache must equal attention
-    over the contiguous cache exactly.
-    """
-    pk, pv = model_kv(model, prompt_ids[None], layer)  # [H, P, D]
-    heads = model.config.num_attention_heads
-    g = torch.Generator().manual_seed(seed)
-    seqs = []
-    for cont in continuations:
-        k, v = model_kv(model, torch.cat([prompt_ids, cont])[None], layer)
-        seqs.append((torch.cat([pk, k[:, len(prompt_ids):]], 1), torch.cat([pv, v[:, len(prompt_ids):]], 1)))  # [H, P + T, D]
-    h, _, d = pk.shape
-    need = sum(math.ceil(k.shape[1] / block_size) for k, _ in seqs) + math.ceil(len(prompt_ids) / block_size)
-    cache = PagedKVCache(need, block_size, h, d, dtype=pk.dtype, device=pk.device)
-    cache.add("prompt")
-    cache.append("prompt", pk, pv)
-    equal, max_diff = True, 0.0
-    for i, (k, v) in enumerate(seqs):
-        cache.fork("prompt", i)
-        for t in range(len(prompt_ids), k.shape[1]):
-            cache.append(i, k[:, t : t + 1], v[:, t : t + 1])
-    for i, (k, v) in enumerate(seqs):
-        q = torch.randn(heads, 4, d, generator=g).to(pk.device, pk.dtype)  # [H_q, 4, D]: the last 4 positions
-        paged, ref = cache.attention(i, q), contiguous_attention(q, k, v)
-        equal &= torch.equal(paged, ref)
-        max_diff = max(max_diff, float((paged - ref).abs().max()))
-    return {"equal": bool(equal), "max_abs_diff": max_diff, "blocks_in_use": cache.blocks_in_use, "sequences": len(seqs), "shared_prompt_tokens": len(prompt_ids)}
+        def get_max_length(self) -> int:
+            return -1
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if self.index == 0:
+                self.owner.crop(tokens_to_remove)
+
+        def reset(self) -> None:
+            return None
+
+    class PagedCache(Cache):
+        """See :func:`paged_cache`. ``pool`` holds the blocks; ``rows`` maps batch rows to sequences."""
+
+        def __init__(self):
+            self.pool = pool if pool is not None else PagedKVCache(num_blocks, block_size, kv_heads, head_dim, dtype, device, layers)
+            self.rows: list[object] = list(rows) if rows is not None else [0]
+            for seq in self.rows:
+                if seq not in self.pool.tables:
+                    self.pool.add(seq)
+            self._slots: tuple[torch.Tensor, torch.Tensor] | None = None  # where layer 0 put this forward's tokens
+            super().__init__(layers=[PagedLayer(self, i) for i in range(layers)])
+
+        def _update(self, k: torch.Tensor, v: torch.Tensor, layer: int):
+            B, H, T, D = k.shape
+            if B != len(self.rows):
+                raise ValueError(f"the batch has {B} rows but the paged cache maps {len(self.rows)}")
+            if layer == 0 and T > 1 and B > 1 and len(set(self.lengths())) > 1:
+                raise ValueError("rows of different lengths take one token per forward (left-aligned rows would see each other's future)")
+            if layer == 0:  # layer 0 comes first in every forward: hand out the blocks once for all layers
+                where = [self.pool.reserve(seq, T) for seq in self.rows]
+                self._slots = (torch.cat([b for b, _ in where]), torch.cat([o for _, o in where]))  # [B * T] each
+            blocks, offsets = self._slots
+            self.pool.write(blocks, offsets, k.permute(0, 2, 1, 3).reshape(B * T, H, D), v.permute(0, 2, 1, 3).reshape(B * T, H, D), layer)
+            return self.pool.gather_batch(self.rows, layer)
+
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return max((self.pool.lengths[s] for s in self.rows), default=0)
+
+        def lengths(self) -> list[int]:
+            return [self.pool.lengths[s] for s in self.rows]
+
+        def attention_mask(self, new_tokens: int = 1) -> torch.Tensor:
+            """``[B, S_max + new_tokens]`` for the next forward: 1 where a row's own tokens (cached, then new) will sit, 0 on the padding of shorter rows."""
+            lengths = torch.tensor(self.lengths(), device=self.pool.pool.device)
+            cols = torch.arange(self.get_seq_length() + new_tokens, device=lengths.device)
+            return (cols[None, :] < lengths[:, None] + new_tokens).long()
+
+        def position_ids(self, new_tokens: int = 1) -> torch.Tensor:
+            """``[B, new_tokens]``: each row's next positions (its own length onwards)."""
+            lengths = torch.tensor(self.lengths(), device=self.pool.pool.device)
+            return lengths[:, None] + torch.arange(new_tokens, device=lengths.device)
+
+        def crop(self, tokens_to_remove: int) -> None:
+            """``crop(-n)`` drops each row's last ``n`` tokens; ``crop(m)`` with m >= 0 keeps the first ``m``."""
+            for seq in self.rows:
+                n = self.pool.lengths[seq]
+                self.pool.truncate(seq, n + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove)
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self.rows = [self.rows[i] for i in indices.tolist()]
+
+        def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+            if len(set(beam_idx.tolist())) != len(beam_idx):
+                raise NotImplementedError("beam search would fork rows: fork them in the pool first")
+            self.batch_select_indices(beam_idx)
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            raise NotImplementedError("fork sequences in the pool (PagedKVCache.fork) instead of repeating rows")
+
+        def reset(self) -> None:
+            for seq in self.rows:
+                self.pool.truncate(seq, 0)
+
+        @property
+        def is_compileable(self) -> bool:
+            return False
+
+    return PagedCache()

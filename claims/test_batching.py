@@ -279,21 +279,46 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     )
 
 
+# The paged runs: 16-token blocks; each request of the 64-request workload has an 8-token prompt,
+# and on a CPU its output length is divided by CPU_LENGTH_SCALE (as in the real run of
+# BAT-STATIC-CONT), as is the max-context reservation's 512 new tokens. Requests run alone too, to
+# compare their tokens: one every 16 in queue order (the first joins at once, the others as
+# earlier ones leave).
+PAGE_BLOCK = 16
+PAGE_PROMPT = 8
+PAGE_MAX_NEW = 512
+PAGE_COMPARE = (0, 16, 32, 48)
+PAGE_SHARED_PROMPT = (
+    "You are a helpful assistant for a public library. Answer every question briefly and precisely, in plain English, "
+    "cite no sources, keep to the facts you are sure of, and say so when you do not know the answer to a question."
+)
+
+
 @pytest.mark.claim("PAGE-WASTE")
-def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, stand_in):
+def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, stand_in, device):
     """PAGE-WASTE: "reserving its maximum possible context for every slot wastes most of the reservation" — fixed-size blocks with a block table do not."""
-    prompt, max_new, block = 48, 512, 16
-    w = paging.reservation_waste(prompt, batching.skewed_lengths(), max_new, block_size=block)
-    eq = _paged_attention_check(stand_in)
+    scale = 1 if device.type == "cuda" else CPU_LENGTH_SCALE
+    lengths, max_new = batching.scaled(batching.skewed_lengths(), scale), PAGE_MAX_NEW // scale
+    with timing.cpu_threads(_threads(device)):
+        r = batching.paged_waste(stand_in.model, lengths, SLOTS, PAGE_PROMPT, max_new, PAGE_BLOCK, compare=PAGE_COMPARE)
+    w = r["waste"]
     kv_bytes = 2 * stand_in.config.num_hidden_layers * stand_in.config.num_key_value_heads * stand_in.config.head_dim * 4  # fp32, all layers
     claim.table(
-        "Reserved vs used cache (64 requests, 48-token prompt, stand-in's fp32 cache)",
-        ["scheme", "reserved (tokens)", "used (tokens)", "unused", "reserved (MiB)"],
+        f"Reserved vs used cache over a real continuous-batching run on the paged cache (64 requests, {SLOTS} slots, {PAGE_PROMPT}-token prompts, "
+        f"lengths / {scale}, {r['steps']} steps; token slots x steps)",
+        ["scheme", "reserved", "used", "unused", "mean reserved per step (MiB, fp32 cache)"],
         [
-            [f"max context ({prompt} + {max_new})", w.reserved_max_context, w.used_tokens, f"{w.unused_fraction_max_context:.1%}", f"{w.reserved_max_context * kv_bytes / 2**20:.1f}"],
-            ["workload's longest, known in hindsight", w.reserved_longest, w.used_tokens, f"{w.unused_fraction_longest:.1%}", f"{w.reserved_longest * kv_bytes / 2**20:.1f}"],
-            [f"paged, {block}-token blocks", w.reserved_paged, w.used_tokens, f"{w.unused_fraction_paged:.1%}", f"{w.reserved_paged * kv_bytes / 2**20:.1f}"],
+            [f"max context ({PAGE_PROMPT} + {max_new}) per live request", w.reserved_max_context, w.used_tokens, f"{w.unused_fraction_max_context:.1%}", f"{w.reserved_max_context / r['steps'] * kv_bytes / 2**20:.2f}"],
+            ["the run's longest request, known in hindsight", w.reserved_longest, w.used_tokens, f"{w.unused_fraction_longest:.1%}", f"{w.reserved_longest / r['steps'] * kv_bytes / 2**20:.2f}"],
+            [f"paged, {PAGE_BLOCK}-token blocks (the run's block tables)", w.reserved_paged, w.used_tokens, f"{w.unused_fraction_paged:.1%}", f"{w.reserved_paged / r['steps'] * kv_bytes / 2**20:.2f}"],
         ],
+    )
+    claim.note(
+        f"The pool held {r['num_blocks']} blocks, the memory max-context reservation holds for {SLOTS} slots; the run handed out "
+        f"{r['blocks_handed_out']} blocks, {r['blocks_reused']} of them freed by a finished request and reused, at most {r['peak_blocks_in_use']} in use at once. "
+        f"Requests {', '.join(map(str, r['compared']))} gave the same tokens as when run alone."
+        if r["tokens_equal_alone"]
+        else "Some compared requests gave other tokens than when run alone."
     )
     claim.verify(
         "stand-in",
@@ -303,36 +328,39 @@ def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, st
         max_unused_slots_per_sequence_paged=w.max_unused_per_sequence_paged,
         used_tokens=w.used_tokens,
         reserved_paged=w.reserved_paged,
-        paged_equals_contiguous=eq["equal"],
-        paged_max_abs_diff=eq["max_abs_diff"],
+        length_scale=scale,
+        blocks_reused=r["blocks_reused"],
+        blocks_in_use_after=r["blocks_in_use_after"],
+        tables_consistent=r["tables_consistent"],
+        tokens_equal_alone=r["tokens_equal_alone"],
     )
-
-
-def _paged_attention_check(stand_in):
-    tok = stand_in.tokenizer
-    prompt = torch.tensor(tok("You are a helpful assistant. Answer briefly and precisely, in plain English, and cite no sources.")["input_ids"])
-    conts = [torch.tensor(tok(t)["input_ids"]) for t in (" What is the capital of France?", " Name three prime numbers larger than ten, please.")]
-    return paging.paged_equals_contiguous(stand_in.model, prompt, conts, layer=stand_in.config.num_hidden_layers // 2)
 
 
 @pytest.mark.claim("PAGE-PREFIX")
-def test_shared_prefix_shares_its_full_blocks(claim, stand_in):
+def test_shared_prefix_shares_its_full_blocks(claim, stand_in, device):
     """PAGE-PREFIX: "two sequences with a shared prefix can also share the blocks that hold that prefix"."""
-    prefix, own_prompt = 40, 8
-    s = paging.prefix_sharing(prefix, [own_prompt + n for n in batching.skewed_lengths()], block_size=16)
-    eq = _paged_attention_check(stand_in)
+    tok = stand_in.tokenizer
+    prefix = tok(PAGE_SHARED_PROMPT)["input_ids"][:40]  # two full 16-token blocks and 8 tokens of a third
+    assert len(prefix) == 40, f"the shared prompt has only {len(prefix)} tokens under this tokenizer"
+    questions = [tok(q)["input_ids"] for q in (" What is the capital of France?", " Name three prime numbers larger than ten, please.")]
+    with timing.cpu_threads(_threads(device)):
+        r = batching.paged_prefix(stand_in.model, prefix, questions, new_tokens=8, block_size=PAGE_BLOCK)
     claim.table(
-        f"Blocks for 64 sequences behind a {prefix}-token shared prompt (16-token blocks)",
-        ["scheme", "blocks"],
-        [["every sequence its own copy", s.blocks_without], ["forked from one copy", s.blocks_with], ["shared full blocks", s.shared_full_blocks]],
+        f"Blocks after the first step of two requests behind a {len(prefix)}-token shared prompt ({PAGE_BLOCK}-token blocks, real run on the stand-in)",
+        ["scheme", "blocks in use"],
+        [["each request its own blocks", r["blocks_without"]], ["full prefix blocks shared (reference-counted)", r["blocks_with"]], ["blocks forked from the other request", r["shared_full_blocks"]]],
     )
     claim.verify(
         "stand-in",
-        identity_gap=s.blocks_with - (s.blocks_without - s.shared_full_blocks),
-        blocks_saved=s.saved,
-        blocks_with=s.blocks_with,
-        blocks_without=s.blocks_without,
-        shared_attention_equal=eq["equal"],
+        identity_gap=r["blocks_with"] - (r["blocks_without"] - r["shared_full_blocks"]),
+        blocks_saved=r["blocks_without"] - r["blocks_with"],
+        blocks_with=r["blocks_with"],
+        blocks_without=r["blocks_without"],
+        shared_blocks=r["shared_blocks"],
+        shared_prefix_tokens=r["shared_prefix_tokens"],
+        tables_consistent=r["tables_consistent"],
+        tokens_equal_alone=r["tokens_equal_alone"],
+        tokens_equal_unshared=r["tokens_equal_unshared"],
     )
 
 

@@ -119,3 +119,9 @@ def test_report_lines_render_a_result_record():
     assert "| throughput, continuous / static | 2.00x |" in text
     assert "| continuous | 8 | 8 | yes |" in text
     assert "hit 64 of 80 prompt tokens (80%), 2 blocks; the suite's accounting shares 2 full blocks" in text
+
+
+def test_prefix_accounting_shares_only_the_full_blocks_of_the_prefix():
+    """72 shared tokens in 32-token blocks: two full blocks are shared; the partial third is not."""
+    assert engine.prefix_accounting(72, 24, 32) == (2, 2)
+    assert engine.prefix_accounting(31, 24, 32) == (0, 0), "a prefix shorter than a block shares nothing"

@@ -1,0 +1,296 @@
+"""Section 3, real low-bit weight kernels: fewer bytes per weight, and what a decode step does with them.
+
+The suite's own quantizers (:mod:`cheapinfer.quant`) store codes and scales but evaluate by
+dequantizing once (fake quantization): the model still multiplies full-precision matrices. Here
+the same codes run through kernels that read them as stored:
+
+- :class:`Int8Linear`: ``int8-row`` codes (int8, one scale per output row) through torch's
+  ``aten._weight_int8pack_mm``: the int8 weight is loaded as stored and widened in registers; no
+  full-precision copy of the weight is made.
+- :class:`Int4Linear`: ``int4-g128`` codes (4 bits, one scale per group of 128 inputs), two per
+  byte, through torch's ``aten._weight_int4pack_mm_for_cpu``.
+
+Both kernels have a vectorised (AVX-512) path for 16-bit activations; with fp32 activations they
+take a scalar loop (on a 2-core AVX-512 CPU the twin's int8 step with fp32 activations was 2x
+slower than fp32 itself, int4 4x). So a low-bit variant keeps the activations of the 16-bit model
+it is built from, and is compared with that model: only the bytes of the matrices differ.
+
+Beside them, the libraries' own paths, each classified by what its code does:
+
+- torchao ``Int8WeightOnlyConfig`` (0.18), eager mode: ``Int8Tensor``'s ``linear`` casts the whole
+  int8 weight to the activation dtype on every call and then runs a dense product, a per-call
+  dequantization that only ``torch.compile`` fuses away. ``Int4WeightOnlyConfig`` needs the
+  ``mslk`` package (>= 1.0), which PyPI does not have: int4 through torchao is not run.
+- bitsandbytes ``Linear4bit`` (NF4): at batch 1 its ``gemv_4bit`` reads the packed codes directly,
+  on CUDA and, on a CPU with AVX-512 BF16, through the fused kernel of its CPU library (its faster
+  CPU GEMM comes from the ``kernels`` package, which loads from a model hub and is never used
+  here); elsewhere the CPU fallback dequantizes each weight to 16 bits before a dense product.
+  ``Linear8bitLt`` (LLM.int8) quantizes the activations on every call and splits outlier columns
+  into a second product.
+
+:func:`streamed_bytes` counts what one decode step reads in full: every matrix product's weight in
+the form it is stored (codes + scales), norms and biases, and one row of the embedding table (a
+lookup reads one row; a tied LM head reads the whole table and counts it once).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.nn as nn
+
+from . import quant
+
+INT4_GROUP = 128
+
+#: Each low-bit variant: (its kernel, whether that kernel reads the stored codes directly).
+#: Only a direct kernel is under the cost model "step time ∝ bytes moved"; a per-call
+#: dequantization moves more bytes than the 16-bit weight it started from.
+LOW_BIT = {
+    "int8": ("torch _weight_int8pack_mm (int8-row codes)", True),
+    "int4": ("torch _weight_int4pack_mm_for_cpu (int4-g128 codes)", True),
+    "torchao-int8": ("torchao Int8WeightOnlyConfig, eager: casts the weight every call", False),
+    "bnb-nf4": ("bitsandbytes Linear4bit NF4, gemv_4bit", True),
+    "bnb-int8": ("bitsandbytes Linear8bitLt (LLM.int8): quantizes activations every call", False),
+}
+
+
+def _has_kernel(op: str, device: torch.device) -> bool:
+    key = "CUDA" if device.type == "cuda" else "CPU"
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+
+
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with ``W`` stored as int8 codes [out, in] and one scale per output row [out] (the suite's ``int8-row``)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.register_buffer("codes", codes.contiguous())  # int8 [out, in]
+        self.register_buffer("scales", scales.contiguous())  # [out], in the activation dtype
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.out_features = codes.shape[0]
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, act_dtype: torch.dtype, generator: torch.Generator | None = None) -> "Int8Linear":
+        """The suite's ``int8-row`` codes of ``linear`` (fp16 scales, kept exactly); with ``generator``: seeded random codes of the same shape."""
+        w, dev = linear.weight.detach(), linear.weight.device
+        if generator is None:
+            q = quant.quantize(w.float(), "int8-row")
+            codes, scales = q.codes, q.scales.reshape(-1)
+        else:
+            codes = torch.randint(-127, 128, w.shape, generator=generator, dtype=torch.int8)
+            scales = torch.full((w.shape[0],), 0.02 / 127)
+        bias = None if linear.bias is None else linear.bias.detach().to(act_dtype)
+        return cls(codes.to(dev), scales.to(dev, act_dtype), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.codes, self.scales)  # [N, out]
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int4Linear(nn.Module):
+    """``y = x W^T + b`` with ``W`` stored as 4-bit codes, one scale per group of 128 inputs (the suite's ``int4-g128``), packed for torch's CPU int4 kernel.
+
+    The kernel computes ``(q - 8) * scale + zero`` per group; the suite's symmetric codes ``c`` in
+    [-8, 7] are stored as ``q = c + 8`` with ``zero = 0``, so it computes exactly the suite's ``c * scale``.
+    """
+
+    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        """``packed``: uint8 [out, in / 2] in the kernel's layout; ``scales``: [out, in / 128] in the activation dtype."""
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", torch.stack([scales.t(), torch.zeros_like(scales.t())], dim=-1).contiguous())  # [in / 128, out, 2]
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.out_features = packed.shape[0]
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, act_dtype: torch.dtype, generator: torch.Generator | None = None) -> "Int4Linear":
+        """The suite's ``int4-g128`` codes of ``linear``; with ``generator``: seeded random codes (random packed bytes) of the same shape."""
+        w = linear.weight.detach()
+        out, inp = w.shape
+        if inp % INT4_GROUP:
+            raise ValueError(f"int4 kernel: {inp} inputs is not a multiple of the group size {INT4_GROUP}")
+        if generator is None:
+            q = quant.quantize(w.float(), f"int4-g{INT4_GROUP}")
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu((q.unpacked_codes().to(torch.int32) + 8).contiguous(), 1)  # uint8 [out, in / 2]
+            scales = q.scales
+        else:
+            packed = torch.randint(0, 256, (out, inp // 2), generator=generator, dtype=torch.uint8)  # two random codes per byte
+            scales = torch.full((out, inp // INT4_GROUP), 0.02 / 7)
+        bias = None if linear.bias is None else linear.bias.detach().to(act_dtype)
+        return cls(packed.to(w.device), scales.to(w.device, act_dtype), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), self.packed, INT4_GROUP, self.scales_zeros)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def _replace_linears(model, make: Callable[[nn.Linear], nn.Module], projections_only: bool = False) -> None:
+    """Replace every ``nn.Linear`` of ``model`` (the projections and the LM head) by ``make(linear)``.
+
+    ``projections_only``: only the decoder layers' projections (:func:`cheapinfer.quant.projection_weights`), as the suite's own schemes do.
+    """
+    keep = {name.removesuffix(".weight") for name in quant.projection_weights(model)} if projections_only else None
+    for prefix, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{prefix}.{child_name}" if prefix else child_name
+            if isinstance(child, nn.Linear) and (keep is None or full in keep):
+                setattr(module, child_name, make(child))
+
+
+def _sharing_copy(model):
+    """A copy of ``model``'s modules that shares its parameter and buffer tensors (no weight is copied).
+
+    Replacing a module of the copy leaves ``model`` untouched (never change a shared tensor in place).
+    """
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def variant(model, name: str, random_codes: bool = False, seed: int = 0, projections_only: bool = False, act_dtype: torch.dtype | None = None):
+    """A copy of ``model`` whose matrix products (projections and LM head) run the kernel ``name``; ``model`` is not changed.
+
+    Everything else (norms, embedding, activations) keeps ``model``'s dtype, so only the bytes of
+    the matrices differ from ``model``. ``int8``/``int4``: the suite's ``int8-row``/``int4-g128``
+    codes through torch's kernels; with ``random_codes``, seeded random codes of the same shapes
+    instead (for the twin, whose weights are random anyway: a step's cost depends on the shapes
+    and the kernel, not on the values). ``torchao-int8``: torchao's weight-only int8.
+    ``bnb-nf4``/``bnb-int8``: bitsandbytes' layers. See :data:`LOW_BIT` for what each kernel does.
+    ``projections_only``: leave the LM head as it is (the matrices the suite's own schemes quantize).
+    ``act_dtype``: run the copy in this dtype instead (its other tensors are cast copies; the
+    codes are still quantized from ``model``'s own weights).
+    """
+    if name not in LOW_BIT:
+        raise ValueError(f"unknown low-bit variant {name!r}; known: {', '.join(LOW_BIT)}")
+    p = next(model.parameters())
+    device, act = p.device, act_dtype or p.dtype
+    clone = _sharing_copy(model)
+    g = torch.Generator().manual_seed(seed) if random_codes else None
+    if name == "int8":
+        if not _has_kernel("aten::_weight_int8pack_mm", device):
+            raise NotImplementedError(f"torch {torch.__version__} has no _weight_int8pack_mm kernel for {device.type}")
+        _replace_linears(clone, lambda lin: Int8Linear.from_linear(lin, act, g), projections_only)
+    elif name == "int4":
+        if device.type != "cpu":
+            raise NotImplementedError("the int4 kernel used here is torch's CPU one (_weight_int4pack_mm_for_cpu)")
+        _replace_linears(clone, lambda lin: Int4Linear.from_linear(lin, act, g), projections_only)
+    elif name == "torchao-int8":
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        keep = {n.removesuffix(".weight") for n in quant.projection_weights(clone)}
+        quantize_(clone, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=(lambda m, fqn: isinstance(m, nn.Linear) and fqn in keep) if projections_only else None)
+    else:
+        _replace_linears(clone, lambda lin: _bnb_linear(lin, name, act), projections_only)
+    if act != p.dtype:
+        _cast_copies(clone, act)
+    return clone.eval().requires_grad_(False)
+
+
+def _cast_copies(model, dtype: torch.dtype) -> None:
+    """Give every floating-point parameter of ``model``'s ordinary modules a cast copy (shared tensors are not changed)."""
+    for module in model.modules():
+        if isinstance(module, (Int8Linear, Int4Linear)) or type(module).__module__.startswith(("bitsandbytes", "torchao")):
+            continue
+        for name, t in list(module.named_parameters(recurse=False)):
+            if t.is_floating_point() and t.dtype != dtype:
+                setattr(module, name, nn.Parameter(t.detach().to(dtype), requires_grad=False))
+
+
+def _bnb_linear(lin: nn.Linear, name: str, act_dtype: torch.dtype) -> nn.Module:
+    """A bitsandbytes layer holding ``lin``'s weight, quantized as it moves to ``lin``'s device."""
+    import bitsandbytes as bnb
+
+    w = lin.weight.detach().to("cpu", act_dtype)
+    if name == "bnb-nf4":
+        new = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None, compute_dtype=act_dtype, quant_type="nf4", device="meta")
+        new.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4")
+    else:
+        new = bnb.nn.Linear8bitLt(lin.in_features, lin.out_features, bias=lin.bias is not None, has_fp16_weights=False, threshold=6.0, device="meta")
+        new.weight = bnb.nn.Int8Params(w, requires_grad=False, has_fp16_weights=False)
+    if lin.bias is not None:
+        new.bias = nn.Parameter(lin.bias.detach().to("cpu", act_dtype), requires_grad=False)
+    return new.to(lin.weight.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# bytes one decode step streams
+# ----------------------------------------------------------------------------------------------
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor stores, looking inside tensor subclasses (torchao) and bitsandbytes' quantization state."""
+    if hasattr(t, "__tensor_flatten__"):  # a wrapper subclass: its inner tensors hold the bytes
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    total = t.numel() * t.element_size()
+    state = getattr(t, "quant_state", None)  # bitsandbytes Params4bit: absmax (and its own nested state)
+    if state is not None:
+        for part in (getattr(state, "absmax", None), getattr(getattr(state, "state2", None), "absmax", None), getattr(state, "offset", None)):
+            if isinstance(part, torch.Tensor):
+                total += part.numel() * part.element_size()
+    scb = getattr(t, "SCB", None)  # bitsandbytes Int8Params: one scale per row
+    if isinstance(scb, torch.Tensor):
+        total += scb.numel() * scb.element_size()
+    return total
+
+
+def streamed_bytes(model) -> int:
+    """Bytes one decode step reads in full: every matrix product's weight as stored, norms, biases, and one embedding row."""
+    emb = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    tied = head is not None and getattr(head, "weight", None) is not None and head.weight.data_ptr() == emb.weight.data_ptr()
+    seen, total = set(), 0
+    for module in model.modules():
+        tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+        for name, t in tensors:
+            if t is None or id(t) in seen or name in ("inv_freq", "original_inv_freq"):
+                continue
+            seen.add(id(t))
+            if module is emb and not tied:
+                total += tensor_bytes(t) // emb.num_embeddings  # a lookup reads one row
+            else:
+                total += tensor_bytes(t)
+    return total
+
+
+@dataclass
+class Step:
+    """One variant's decode step: the bytes it streams, its median time, and where that sits on the roofline."""
+
+    name: str
+    bytes: int
+    step_s: float
+    copy_bandwidth: float  # bytes/s of a plain copy, measured in the same run
+
+    @property
+    def bandwidth(self) -> float:
+        """Weight bytes per second the step achieved."""
+        return self.bytes / self.step_s
+
+    @property
+    def roofline(self) -> float:
+        """Fraction of the copy bandwidth the step's weight traffic reached (1: as fast as memory allows)."""
+        return self.bandwidth / self.copy_bandwidth
+
+
+def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 32, rounds: int = 7, warmup: int = 2, copy_bytes: int = 2**28) -> dict[str, Step]:
+    """Batch-1 decode step of each model at ``context`` cached tokens, and a memory copy, in one interleaved run.
+
+    ``timed(variants, rounds, warmup)`` is :func:`cheapinfer.timing.interleaved` (or the suite's
+    fixture around it). The copy (``copy_bytes``, far beyond the last-level cache) gives the
+    bandwidth the roofline is read against.
+    """
+    from .batching import decode_step
+    from .kv import copy_bandwidth_callable
+
+    steps = {name: decode_step(m, 1, context) for name, m in models.items()}
+    device = next(next(iter(models.values())).parameters()).device
+    copy_fn, moved = copy_bandwidth_callable(copy_bytes, device)
+    samples = timed({**steps, "memory copy": copy_fn}, rounds=rounds, warmup=warmup)
+    bw = moved / samples["memory copy"].median
+    return {name: Step(name, streamed_bytes(m), samples[name].median, bw) for name, m in models.items()}
