@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from . import batching, budget, distill, evaluation, kv, outliers, quant, speculative
+from . import batching, budget, distill, evaluation, kv, lowbit, outliers, paging, quant, speculative
 from .faults import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa: F401
 
 # ------------------------------------------------------------------------------------------------
@@ -114,6 +114,47 @@ def _static_refills_slots():
         return dataclasses.replace(result, policy=policy)
 
     with patched(batching, "simulate", refilling):
+        yield
+
+
+@fault(
+    "paging-block-handed-out-twice",
+    section="BAT",
+    kind=RULE,
+    targets=("PAGE-WASTE", "PAGE-PREFIX"),
+    what="the allocator hands out a block but leaves it on the free list, so a later sequence is mapped onto the same physical block",
+)
+def _paging_block_twice():
+    def take(self) -> int:
+        if not self.free:
+            raise paging.OutOfBlocks(f"all {len(self.refs)} blocks are in use")
+        b = self.free[0]  # the bug: peeked, never popped
+        self.refs[b] = 1
+        self.handed_out += 1
+        self.reused += b in self._ever
+        self._ever.add(b)
+        return b
+
+    with patched(paging.PagedKVCache, "_take", take):
+        yield
+
+
+@fault(
+    "paging-fork-not-refcounted",
+    section="BAT",
+    kind=RULE,
+    targets=("PAGE-PREFIX",),
+    what="a sequence that shares a prefix's blocks does not take a reference on them, so the first owner to finish frees blocks still in use",
+)
+def _paging_fork_no_ref():
+    real = paging.PagedKVCache.fork
+
+    def fork(self, parent, child, tokens=None) -> None:
+        real(self, parent, child, tokens)
+        for b in self.tables[child]:
+            self.refs[b] -= 1  # the bug: the fork's reference is never taken
+
+    with patched(paging.PagedKVCache, "fork", fork):
         yield
 
 
@@ -315,6 +356,37 @@ def _out_scale_ignores_outlier():
         return float(torch.quantile(h.abs().flatten().double(), 0.999)) / 127
 
     with patched(outliers, "tensor_scale", clipped_scale):
+        yield
+
+
+@fault(
+    "lowbit-left-in-16bit",
+    section="Q",
+    kind=DISABLED,
+    targets=("Q-BYTES-SPEED",),
+    what="the quantized copy is silently left in 16 bits (a quantization call that matched no layer): same bytes, same speed",
+)
+def _lowbit_left_in_16bit():
+    def unchanged(model, name, random_codes=False, seed=0, projections_only=False, act_dtype=None):
+        return lowbit._sharing_copy(model).eval().requires_grad_(False)
+
+    with patched(lowbit, "variant", unchanged):
+        yield
+
+
+@fault(
+    "lowbit-int8-dequantizes-every-call",
+    section="Q",
+    kind=DISABLED,
+    targets=("Q-BYTES-SPEED",),
+    what="the int8 layer dequantizes its whole weight to the activation dtype on every call and runs a dense product, instead of the kernel that reads the codes",
+)
+def _lowbit_dequantize_every_call():
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.codes.to(x.dtype) * self.scales[:, None]  # [out, in], rebuilt every call
+        return torch.nn.functional.linear(x, w, self.bias)
+
+    with patched(lowbit.Int8Linear, "forward", forward):
         yield
 
 
