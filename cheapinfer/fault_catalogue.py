@@ -281,7 +281,7 @@ def _q_row_per_tensor():
     "q-tensor-scales-per-row",
     section="Q",
     kind=RULE,
-    targets=("Q-TWO-THREE-LEVELS",),
+    targets=("Q-TWO-THREE-LEVELS", "Q-ERROR-TABLE"),
     what="a per-tensor scheme silently takes one scale per row (an axis mix-up in the absmax), hiding the collapse",
 )
 def _q_tensor_per_row():
