@@ -57,6 +57,8 @@ def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
     registry's value moves beyond its tolerance (STYLE habit 9)."""
     assert claim.checks, f"{claim.id} has a test but no checks: its verdict could never be 'deviates'"
     # the book's own values first: where a shape check names the same quantity, the book must satisfy it too
+    # (a confirmed erratum is set aside: there the book's digits are documented to fail)
+    claim = registry.Claim(**{**claim.__dict__, "erratum": None})
     measured = {c.q: claim.book[c.q] for c in claim.checks if c.kind == "digits"}
     measured.update({c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "shape" and c.q not in measured})
     for profile in claim.runs_on:
