@@ -85,6 +85,11 @@ class LivePeak(TorchDispatchMode):
         self._sizes: dict[int, int] = {}
         self._tensors: set[int] = set()  # ids of tracked tensor objects
 
+    def restart(self) -> int:
+        """Start a new peak from what is live now (e.g. at a step boundary); returns the live bytes."""
+        self.peak = self.live
+        return self.live
+
     def _track(self, t: torch.Tensor, input_storages: set[int]) -> None:
         storage = t.untyped_storage()
         key = storage.data_ptr()

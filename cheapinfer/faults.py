@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 from unittest import mock
 
@@ -98,7 +99,7 @@ RED = "red"
 RESULT_NAME = "faults.json"
 
 
-def _run_one(fault: Fault, outdir: "Path", timeout: float) -> dict[str, str]:
+def _run_one(fault: Fault, outdir: Path, timeout: float) -> dict[str, str]:
     """Run ``fault``'s target claims with the fault active; the verdict of each target claim."""
     import json
     import subprocess
@@ -136,7 +137,7 @@ def _run_one(fault: Fault, outdir: "Path", timeout: float) -> dict[str, str]:
     return out
 
 
-def _root() -> "Path":
+def _root() -> Path:
     from pathlib import Path
 
     return Path(__file__).resolve().parent.parent
@@ -152,7 +153,7 @@ def uncovered() -> list[str]:
     return [cid for cid in registry.load() if cid in tested and cid not in named]
 
 
-def run(names: list[str], runs: int, outdir: "Path", timeout: float = 600.0, echo: Callable[[str], None] = print) -> dict[str, Any]:
+def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run each fault ``runs`` times; the fault x claim results, as written to ``faults.json``."""
     import tempfile
     import time
@@ -181,7 +182,7 @@ def run(names: list[str], runs: int, outdir: "Path", timeout: float = 600.0, ech
     }
 
 
-def last_run(report_dir: "Path") -> dict[str, Any] | None:
+def last_run(report_dir: Path) -> dict[str, Any] | None:
     """The last ``faults`` result written into ``report_dir``, if it is one (else None)."""
     import json
 

@@ -21,6 +21,8 @@ import contextlib
 import inspect
 import logging
 import math
+import re
+import warnings
 from typing import Callable
 
 import torch
@@ -153,6 +155,39 @@ def counted_generate_macs(model, tokens: int, cached: bool) -> int:
     return counted_macs(run)
 
 
+def polynomial_degree(values: list[int]) -> int:
+    """Exact degree of the polynomial through integer ``values`` at equally spaced points: the order of
+    the last finite difference that is not all zero (-1 for all zeros). Needs degree + 2 points to
+    tell; with too few points it returns len(values) - 1 (the most they can show)."""
+    diffs, degree = list(values), -1
+    for order in range(len(values)):
+        if any(diffs):
+            degree = order
+        diffs = [b - a for a, b in zip(diffs, diffs[1:])]
+    return degree
+
+
+def counted_degrees(model, arch: Arch, tiny_model, tiny_arch: Arch, steps_at: tuple[int, ...] = (8, 16, 24, 32, 40), totals_at: tuple[int, ...] = (1, 2, 3, 4, 5, 6)) -> dict[str, object]:
+    """Degrees in t and T of counted MACs: one step at ``steps_at`` tokens on ``model`` of architecture
+    ``arch`` (meta works), whole cold-start generations of ``totals_at`` tokens walked on ``tiny_model``;
+    each count beside the closed form (:func:`macs_step`, :func:`macs_generate`)."""
+    out: dict[str, object] = {"rows": []}
+    matches = True
+    for cached in (True, False):
+        kind = "cached" if cached else "uncached"
+        steps = [counted_step_macs(model, t, cached) for t in steps_at]
+        totals = [counted_generate_macs(tiny_model, n, cached) for n in totals_at]
+        closed_steps = [macs_step(arch, t, cached) for t in steps_at]
+        closed_totals = [macs_generate(tiny_arch, n, cached) for n in totals_at]
+        matches &= steps == closed_steps and totals == closed_totals
+        out[f"{kind}_step_degree"] = polynomial_degree(steps)
+        out[f"{kind}_total_degree"] = polynomial_degree(totals)
+        out["rows"] += [[kind, "step", t, c, f] for t, c, f in zip(steps_at, steps, closed_steps)]
+        out["rows"] += [[kind, "generation", n, c, f] for n, c, f in zip(totals_at, totals, closed_totals)]
+    out["closed_form_matches_count"] = matches
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # greedy generation, with and without the cache
 # ------------------------------------------------------------------------------------------------
@@ -166,6 +201,11 @@ def _cache_kwargs(model, past) -> dict:
         return {}
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     return {name: past}
+
+
+def cached_forward(model, new_ids: torch.Tensor, past):
+    """One decode forward: the new token(s) [B, 1] against the cache ``past``, which it extends in place."""
+    return model(new_ids, **_cache_kwargs(model, past), use_cache=True)
 
 
 def returned_cache(out):
@@ -189,7 +229,7 @@ def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[
     if on_step:
         on_step(1)
     for k in range(2, new_tokens + 1):
-        out = model(nxt, **_cache_kwargs(model, past), use_cache=True)
+        out = cached_forward(model, nxt, past)
         past, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
         del out
         tokens.append(nxt)
@@ -198,12 +238,17 @@ def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[
     return torch.cat(tokens, dim=1)
 
 
+def uncached_next(model, seq: torch.Tensor) -> torch.Tensor:
+    """One step of full recomputation: a plain forward over the whole sequence [1, t], no cache; the next token [1, 1]."""
+    return model(seq, use_cache=False).logits[:, -1:].argmax(-1)  # the [1, t, vocab] logits die here
+
+
 @torch.inference_mode()
 def greedy_uncached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[int], None] | None = None) -> torch.Tensor:
     """Full recomputation: every step runs the model over the whole sequence so far, no cache."""
     seq = ids
     for k in range(1, new_tokens + 1):
-        nxt = model(seq, use_cache=False).logits[:, -1:].argmax(-1)  # the [1, t, vocab] logits die here
+        nxt = uncached_next(model, seq)
         seq = torch.cat([seq, nxt], dim=1)
         if on_step:
             on_step(k)
@@ -211,17 +256,28 @@ def greedy_uncached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable
 
 
 @torch.inference_mode()
-def listing_continuation(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """The chapter's listing, spelled as the chapter spells it."""
-    out = model(ids, use_cache=True)
-    past = out.past_key_values
-    next_ids = out.logits[:, -1:].argmax(-1)
-    tokens = [next_ids]
-    for _ in range(new_tokens - 1):
-        out = model(next_ids, past_key_values=past, use_cache=True)
+def listing_continuation(model, ids: torch.Tensor, new_tokens: int, argument: str = "past_key_values",
+                         attribute: str = "past_key_values") -> torch.Tensor:
+    """The chapter's listing, spelled as the chapter spells it (or with the cache's ``argument`` and
+    output ``attribute`` respelled)::
+
+        out = model(prompt_ids, use_cache=True)
         past = out.past_key_values
-        next_ids = out.logits[:, -1:].argmax(-1)
-        tokens.append(next_ids)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(n - 1):
+            out = model(nxt, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    """
+    out = model(ids, use_cache=True)
+    past = getattr(out, attribute)
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    tokens = [nxt]
+    for _ in range(new_tokens - 1):
+        out = model(nxt, **{argument: past}, use_cache=True)
+        past = getattr(out, attribute)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(nxt)
     return torch.cat(tokens, dim=1)
 
 
@@ -246,6 +302,69 @@ def transformers_log(records: list[str]):
         yield records
     finally:
         root.removeHandler(handler)
+
+
+_REPLACEMENT = re.compile(r"[Uu]se `(\w+)` instead")
+
+
+@contextlib.contextmanager
+def deprecations(records: list[str]):
+    """Collect the deprecation messages met in the block: transformers' logged ones (``logger.warning_once``)
+    and Python's DeprecationWarning / FutureWarning."""
+    logged: list[str] = []
+    with transformers_log(logged), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield records
+    kinds = (DeprecationWarning, FutureWarning, PendingDeprecationWarning)
+    records += [m for m in logged if "deprecat" in m.lower()]
+    records += [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught if issubclass(w.category, kinds)]
+
+
+def _current_name(old: str, messages: list[str]) -> str:
+    """``old`` when no message deprecates it, else the name the message says to use instead."""
+    hits = [m for m in messages if old in m]
+    if not hits:
+        return old
+    named = [m.group(1) for h in hits for m in [_REPLACEMENT.search(h)] if m]
+    return named[0] if named else f"{old} (deprecated, no replacement named)"
+
+
+@torch.inference_mode()
+def listing_api(model, ids: torch.Tensor, new_tokens: int) -> dict[str, object]:
+    """The chapter's listing on the installed transformers: does it run and continue the sequence exactly,
+    and under which names does this transformers take and return the cache without a deprecation?
+
+    Each spelling is tried on its own, so each deprecation is attributed to the name that raised it.
+    The replacement (the names the messages point to) is then run as the listing and must continue
+    the sequence exactly, without a deprecation message.
+    """
+    reference = greedy_uncached(model, ids, new_tokens)
+    out: dict[str, object] = {"messages": []}
+    try:
+        with deprecations(out["messages"]):
+            listing = listing_continuation(model, ids, new_tokens)
+        out["runs"] = bool(torch.equal(listing, reference))
+    except (TypeError, AttributeError, ValueError, KeyError) as exc:
+        out["runs"], out["error"] = False, f"{type(exc).__name__}: {exc}"
+    first = model(ids, use_cache=True)
+    attribute_msgs: list[str] = []
+    with deprecations(attribute_msgs):
+        getattr(first, "past_key_values", None)
+    argument_msgs: list[str] = []
+    nxt = first.logits[:, -1:].argmax(-1)
+    with deprecations(argument_msgs):
+        model(nxt, past_key_values=_output_cache(first), use_cache=True)
+    out["cache_attribute"] = _current_name("past_key_values", attribute_msgs)
+    out["cache_argument"] = _current_name("past_key_values", argument_msgs)
+    replacement_msgs: list[str] = []
+    try:
+        with deprecations(replacement_msgs):
+            respelled = listing_continuation(model, ids, new_tokens, argument=out["cache_argument"], attribute=out["cache_attribute"])
+        out["replacement_runs"] = bool(torch.equal(respelled, reference)) and not replacement_msgs
+    except (TypeError, AttributeError, ValueError, KeyError) as exc:
+        out["replacement_runs"], out["replacement_error"] = False, f"{type(exc).__name__}: {exc}"
+    out["messages"] = sorted(set(out["messages"] + attribute_msgs + argument_msgs + replacement_msgs))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -310,10 +429,101 @@ def decode_step(model, cache, context: int) -> Callable[[], object]:
     one = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
 
     def step():
-        model(one, **_cache_kwargs(model, cache), use_cache=True)
+        cached_forward(model, one, cache)
         cache.crop(context - cache.get_seq_length())  # negative: drop the step's entry (both old and new transformers)
 
     return step
+
+
+# ------------------------------------------------------------------------------------------------
+# evidence that a step which claims to use the cache did
+# ------------------------------------------------------------------------------------------------
+# A decode step that silently drops its cache still runs, and runs fast: timing alone cannot tell.
+# These read the model's forwards from outside the code under test (forward hooks), so they see what
+# was actually fed: how many tokens, how long the cache handed in was, how long the cache handed
+# back is, and the logits, which are compared with a cache-less forward of the same token alone.
+
+
+def _cache_length(cache) -> int:
+    return 0 if cache is None else int(cache.get_seq_length())
+
+
+def _output_cache(out):
+    """The cache a forward returned, or None (``cache`` since transformers 5.x, ``past_key_values`` before),
+    read without tripping the old name's deprecation."""
+    fields = getattr(out, "__dataclass_fields__", {})
+    for name in ("cache", "past_key_values"):
+        if name in fields:
+            return getattr(out, name)
+    return None
+
+
+class ForwardTrace:
+    """Records every forward of ``model`` inside the block: tokens fed, cache length in and out, the
+    last position's logits (fp32, on the CPU) and the last token fed."""
+
+    def __init__(self, model):
+        self.model = model
+        self.forwards: list[dict] = []
+        self._pending: dict = {}
+        self._handles: list = []
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        past = next((kwargs[k] for k in ("cache", "past_key_values") if kwargs.get(k) is not None), None)
+        self._pending = {"tokens_in": int(ids.shape[-1]), "cache_in": _cache_length(past), "last_id": ids[:, -1:].clone()}
+
+    def _post(self, module, args, kwargs, out):
+        rec = self._pending
+        rec["cache_out"] = _cache_length(_output_cache(out))
+        rec["logits"] = out.logits[:, -1].detach().float().cpu()
+        self.forwards.append(rec)
+
+    def __enter__(self) -> "ForwardTrace":
+        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                         self.model.register_forward_hook(self._post, with_kwargs=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+@torch.inference_mode()
+def cache_evidence(model, decode: list[dict], context: int) -> dict[str, object]:
+    """What the traced decode forwards show about the cache, starting from ``context`` cached tokens.
+
+    ``cache_grows_by_one``: every decode forward was fed one token against a non-empty cache of the
+    length the previous step left, and handed back that cache one token longer.
+    ``logit_change_vs_no_context``: the smallest, over the steps, of max|logits - logits alone| /
+    max|logits alone|, where "alone" is a cache-less forward of the step's token by itself. A step
+    that ignores its cache computes exactly the "alone" forward: 0.
+    """
+    grows, expected, gaps = bool(decode), context, []
+    for rec in decode:
+        grows &= rec["tokens_in"] == 1 and rec["cache_in"] == expected and expected > 0 and rec["cache_out"] == expected + 1
+        expected = rec["cache_out"]
+        alone = model(rec["last_id"].to(next(model.parameters()).device), use_cache=False).logits[:, -1].float().cpu()
+        gaps.append(((rec["logits"] - alone).abs().max() / alone.abs().max().clamp_min(1e-30)).item())
+    return {"cache_grows_by_one": grows, "logit_change_vs_no_context": min(gaps) if gaps else float("nan"), "decode_steps_traced": len(decode)}
+
+
+def generation_evidence(model, ids: torch.Tensor, new_tokens: int, generate: Callable | None = None) -> dict[str, object]:
+    """Run ``generate`` (default :func:`greedy_cached`, looked up at call time) for ``new_tokens`` under a
+    trace; the prefill is the first forward, every later one a decode step (:func:`cache_evidence`)."""
+    generate = generate or greedy_cached
+    with ForwardTrace(model) as trace:
+        generate(model, ids, new_tokens)
+    first = trace.forwards[0] if trace.forwards else {"cache_out": 0}
+    return cache_evidence(model, trace.forwards[1:], first["cache_out"])
+
+
+def decode_step_evidence(model, cache, context: int) -> dict[str, object]:
+    """Run :func:`decode_step` once under a trace (the same step the timings repeat)."""
+    step = decode_step(model, cache, context)
+    with ForwardTrace(model) as trace:
+        step()
+    return cache_evidence(model, trace.forwards, context)
 
 
 def prefill(model, ids: torch.Tensor) -> Callable[[], object]:
@@ -344,3 +554,20 @@ def decode_bytes(model, batch: int, context: int) -> int:
 def decode_efficiency(step_bytes: int, step_seconds: float, copy_bytes_per_second: float) -> float:
     """Bytes a decode step streams per second over the device's measured copy bandwidth (1.0: the step runs at the bus's speed)."""
     return step_bytes / step_seconds / copy_bytes_per_second
+
+
+def last_step_peak(generate: Callable, model, ids: torch.Tensor, new_tokens: int, device: torch.device | str) -> int:
+    """Peak bytes of the last step of ``generate(model, ids, new_tokens, on_step)`` above what was live
+    when it began (the earlier steps' tensors that are still held count as resident). CPU only
+    (:class:`LivePeak`); the step boundary is ``on_step(new_tokens - 1)``."""
+    if torch.device(device).type == "cuda":
+        raise ValueError("last_step_peak reads live tensor bytes; on CUDA time whole generations with peak_above_resident")
+    base = {}
+
+    with LivePeak() as tracker:
+        def on_step(k: int) -> None:
+            if k == new_tokens - 1:
+                base["live"] = tracker.restart()
+
+        generate(model, ids, new_tokens, on_step)
+    return tracker.peak - base.get("live", 0)

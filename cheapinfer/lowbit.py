@@ -285,12 +285,12 @@ def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 3
     fixture around it). The copy (``copy_bytes``, far beyond the last-level cache) gives the
     bandwidth the roofline is read against.
     """
+    from .accel import copy_callable
     from .batching import decode_step
-    from .kv import copy_bandwidth_callable
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     device = next(next(iter(models.values())).parameters()).device
-    copy_fn, moved = copy_bandwidth_callable(copy_bytes, device)
+    copy_fn, moved = copy_callable(copy_bytes, device)
     samples = timed({**steps, "memory copy": copy_fn}, rounds=rounds, warmup=warmup)
     bw = moved / samples["memory copy"].median
     return {name: Step(name, streamed_bytes(m), samples[name].median, bw) for name, m in models.items()}
