@@ -101,7 +101,6 @@ RESULT_NAME = "faults.json"
 
 def _run_one(fault: Fault, outdir: Path, timeout: float) -> dict[str, str]:
     """Run ``fault``'s target claims with the fault active; the verdict of each target claim."""
-    import json
     import subprocess
     import sys
 
