@@ -6,7 +6,8 @@
 The record is made the way a run makes it (``Recorder.verify`` judges hand-written measurements
 against the registry, ``report.build`` assembles the record) but with a fixed environment and run,
 and keeps a handful of claims that together show every verdict, a regenerated table, a figure
-link, a note, a library warning, a perturbed claim and a candidate erratum. The measurements are
+link, a note, a library warning, a perturbed claim, a candidate erratum, a confirmed erratum and fault
+coverage. The measurements are
 made up for the test (the run says so); nothing here depends on the clock or the machine. Run it
 only on purpose: the record follows the registry's statements and checks of the moment.
 """
@@ -49,25 +50,35 @@ RUN = {
     "benchmarks": "benchmarks.json",
 }
 #: The claims kept in the record, and the test files that (say the record) name them.
-KEPT = ["KV-IDENTITY", "KV-SPEEDUP-48", "KV-SCORES-BYTES", "KV-MACS", "KV-MEMORY-8.3X", "KV-PREFILL-GROWS", "KV-BYTES-FORMULA", "KV-API", "KV-DECODE-MEMBOUND", "Q-NF4", "BUD-13B-8GB"]
-TESTED = {**{cid: ["test_kv_cache.py"] for cid in KEPT[:8]}, "Q-NF4": ["test_quantization.py"]}
+KEPT = ["KV-IDENTITY", "KV-SPEEDUP-48", "KV-SCORES-BYTES", "KV-MACS", "KV-MEMORY-8.3X", "KV-PREFILL-GROWS", "KV-BYTES-FORMULA", "KV-API", "KV-DECODE-MEMBOUND", "Q-NF4", "SPEC-GAMMA8", "BUD-13B-8GB"]
+TESTED = {**{cid: ["test_kv_cache.py"] for cid in KEPT[:8]}, "Q-NF4": ["test_quantization.py"], "SPEC-GAMMA8": ["test_speculative.py"]}
 
 
 def results() -> list[dict]:
     rec = Recorder(perturb=["KV-SCORES-BYTES"])
     node = "claims/test_kv_cache.py::"
-    rec.verify("KV-IDENTITY", "twin", "cuda", {"identical": True, "prompts": 4, "tokens": 48}, test=node + "test_cache_gives_identical_tokens[twin]", seconds=3.2)
-    rec.verify("KV-IDENTITY", "stand-in", "cuda", {"identical": True, "prompts": 4, "tokens": 48}, test=node + "test_cache_gives_identical_tokens[stand-in]", seconds=1.1)
+    used = {"cache_grows_by_one": True, "logit_change_vs_no_context": 1.39}
+    rec.verify("KV-IDENTITY", "twin", "cuda", {"identical": True, **used, "prompts": 4, "tokens": 48}, test=node + "test_cache_gives_identical_tokens[twin]", seconds=3.2)
+    rec.verify("KV-IDENTITY", "stand-in", "cuda", {"identical": True, **used, "prompts": 4, "tokens": 48}, test=node + "test_cache_gives_identical_tokens[stand-in]", seconds=1.1)
     rec.not_run("KV-IDENTITY", "book", "cuda", "book weights not found: pass --book-model PATH (a local copy of Qwen/Qwen2.5-0.5B-Instruct)", node + "test_cache_gives_identical_tokens[book]")
     rec.verify(
-        "KV-SPEEDUP-48", "twin", "cuda", {"speedup": 3.47, "speedup_growth": 2.31, "cached_s": 0.412, "uncached_s": 1.43},
+        "KV-SPEEDUP-48", "twin", "cuda", {"speedup": 3.47, "speedup_growth": 2.31, **used, "cached_s": 0.412, "uncached_s": 1.43},
         test=node + "test_cache_is_faster_and_more_so_for_longer_generations[twin]", seconds=8.0,
         figures=["plots/kv-decode-vs-context.png"],
         notes=["The twin has random weights: the speedup depends on shapes, not on weight values."],
     )
-    rec.verify("KV-SCORES-BYTES", "arithmetic", "cpu", {"recompute_bytes": 67_108_864, "cached_bytes": 16_384}, test=node + "test_scores_bytes", seconds=0.01)
     rec.verify(
-        "KV-MEMORY-8.3X", "twin", "cuda", {"ratio": 6.2, "cached_peak_bytes": 9_437_184, "uncached_peak_bytes": 58_720_256},
+        "KV-SCORES-BYTES", "arithmetic", "cpu",
+        {"recompute_mb": 67.108864, "cached_kb": 16.384, "recompute_bytes": 67_108_864, "cached_score_rows": 1, "cached_minus_recompute_row": 2e-7},
+        test=node + "test_scores_bytes", seconds=0.01,
+    )
+    rec.verify(
+        "KV-MACS", "arithmetic", "cpu",
+        {"cached_total_degree": 2, "uncached_total_degree": 3, "cached_step_degree": 1, "uncached_step_degree": 2, "closed_form_matches_count": True},
+        test=node + "test_macs", seconds=0.5,
+    )
+    rec.verify(
+        "KV-MEMORY-8.3X", "twin", "cuda", {"ratio": 6.2, "cache_grows_by_one": True, "cached_peak_bytes": 9_437_184, "uncached_peak_bytes": 58_720_256},
         test=node + "test_uncached_needs_8x_memory[twin]", seconds=4.0,
         notes=["Measured with torch.cuda.max_memory_allocated after torch.cuda.reset_peak_memory_stats; weights subtracted."],
     )
@@ -85,14 +96,32 @@ def results() -> list[dict]:
                  "rows": [["Qwen2.5-0.5B", 24, 2, 64, 12_288]]}],
     )
     rec.verify(
-        "KV-API", "stand-in", "cuda", {"runs": True}, test=node + "test_cache_api_runs[stand-in]", seconds=0.4,
-        warnings=["FutureWarning: `past_key_values` as a tuple of tuples is deprecated; use a Cache instance"],
+        "KV-API", "stand-in", "cuda", {"runs": True, "cache_argument": "cache", "cache_attribute": "cache", "replacement_runs": True},
+        test=node + "test_cache_api_runs[stand-in]", seconds=0.4,
+        warnings=["FutureWarning: `past_key_values` is deprecated; use `cache` instead"],
+    )
+    rec.verify(
+        "SPEC-GAMMA8", "arithmetic", "cpu", {"speedup_a09": 2.356, "speedup_a03": 0.549, "implied_c_a09": 0.1002},
+        test="claims/test_speculative.py::test_gamma8", seconds=0.0,
     )
     return [r.to_dict() for r in rec.results]
 
 
+#: The fault catalogue as the record sees it (made up, like the measurements) and one faults run.
+FAULTS = {"KV-IDENTITY": ["kv-decode-ignores-cache"], "KV-SPEEDUP-48": ["kv-decode-ignores-cache", "kv-cached-generation-recomputes"], "KV-BYTES-FORMULA": ["kv-bytes-counts-query-heads"]}
+FAULT_RUN = {
+    "created": "2026-01-01T00:00:00Z", "runs": 3, "seconds": 95.0, "uncovered": [],
+    "faults": {
+        "kv-decode-ignores-cache": {"section": "KV", "kind": "disabled optimisation", "what": "made up", "targets": ["KV-IDENTITY", "KV-SPEEDUP-48"],
+                                    "runs": [{"KV-IDENTITY": "red", "KV-SPEEDUP-48": "red"}] * 3, "caught": 3, "seconds": 60.0},
+        "kv-bytes-counts-query-heads": {"section": "KV", "kind": "wrong constant", "what": "made up", "targets": ["KV-BYTES-FORMULA"],
+                                        "runs": [{"KV-BYTES-FORMULA": "red"}] * 3, "caught": 3, "seconds": 35.0},
+    },
+}
+
+
 def make() -> dict:
-    record = report.build(results(), dict(ENVIRONMENT), dict(RUN), TESTED)
+    record = report.build(results(), dict(ENVIRONMENT), dict(RUN), TESTED, faults=FAULTS, fault_run=FAULT_RUN)
     record["claims"] = {cid: c for cid, c in record["claims"].items() if cid in KEPT}
     record["summary"] = {v: n for v, n in ((v, sum(c["verdict"] == v for c in record["claims"].values())) for v in report.VERDICTS) if n}
     record["sections"] = {k: t for k, t in record["sections"].items() if any(c["section"] == k for c in record["claims"].values())}
