@@ -111,8 +111,10 @@ def _tolerance(q: str, claim: dict[str, Any], band: float) -> tuple[str, Any]:
     """
     for spec in claim.get("checks", []):
         if spec["q"] == q and spec["kind"] == "digits":
-            if spec["form"] == "exact":
+            if spec["form"] in ("exact", "one_of"):
                 return "exact", 0
+            if spec["form"] == "bound":  # a printed bound: judged like a shape bound (see _shape_bound)
+                return "rel", band
             if spec["form"] == "rel":
                 book = _number(claim.get("book", {}).get(q))
                 if book is not None:
@@ -134,10 +136,14 @@ def _moved(before: Any, after: Any, form: str, width: float) -> bool:
 
 
 def _shape_bound(q: str, claim: dict[str, Any]) -> tuple[str, float] | None:
-    """(op, bound) of the numeric shape check of ``q``, if it has one."""
+    """(op, bound) of the numeric shape check of ``q`` (or of its printed-bound digits check), if it has one."""
     for spec in claim.get("checks", []):
-        if spec["q"] == q and spec["kind"] == "shape" and spec.get("op") in ("<", "<=", ">", ">=") and _number(spec.get("bound")) is not None:
+        if spec["q"] != q or spec.get("op") not in ("<", "<=", ">", ">="):
+            continue
+        if spec["kind"] == "shape" and _number(spec.get("bound")) is not None:
             return spec["op"], _number(spec["bound"])
+        if spec["kind"] == "digits" and spec.get("form") == "bound" and _number(claim.get("book", {}).get(q)) is not None:
+            return spec["op"], _number(claim["book"][q])
     return None
 
 
@@ -238,7 +244,7 @@ def check_record(record: Any) -> None:
             at = f"{where}: checks[{i}]"
             _expect(isinstance(spec, dict) and isinstance(spec.get("q"), str) and spec.get("kind") in ("digits", "shape"), at, "an object with 'q' and 'kind' digits|shape")
             if spec["kind"] == "digits":
-                _expect(spec.get("form") in ("exact", "rel", "abs"), f"{at}: 'form'", "exact, rel or abs")
+                _expect(spec.get("form") in ("exact", "rel", "abs", "bound", "one_of"), f"{at}: 'form'", "exact, rel, abs, bound or one_of")
                 _expect(spec["form"] == "exact" or (_number(spec.get("tol")) is not None), f"{at}: 'tol'", "a number")
         _expect(isinstance(claim.get("results", []), list), f"{where}: 'results'", "a list")
         for i, r in enumerate(claim.get("results", [])):

@@ -37,6 +37,8 @@ def _check_spec(check: registry.Check) -> dict[str, Any]:
         spec.update(op=check.op, bound=check.bound)
     else:
         spec.update(form=check.form, tol=check.tol)
+        if check.form == "bound":
+            spec["op"] = check.op
     if check.requires:
         spec["requires"] = check.requires
     return spec

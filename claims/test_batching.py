@@ -174,7 +174,12 @@ def test_batch_curve_has_a_knee(claim, twin, step_times):
 def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, step_times):
     """BAT-TRADEOFF: "The batch made the server better and every user worse ... No setting improves both"."""
     rounds = step_times(twin)
-    t = batching.tradeoff(rounds)
+    # The claim's settings are the batch curve's (powers of two, as BAT-1-TO-16 and BAT-KNEE read it); the
+    # verdict must not depend on which other claims ran. Sizes measured for BAT-STATIC-CONT (1..8) are
+    # compared too, and reported.
+    table = {b: v for b, v in rounds.items() if b & (b - 1) == 0}
+    t = batching.tradeoff(table)
+    every = batching.tradeoff(rounds)
     claim.table(
         f"Per-request latency over {ROUNDS} interleaved rounds (the noise band: the rounds' interquartile range)",
         ["batch", "median (ms)", "first quartile (ms)", "third quartile (ms)", "throughput (tokens/s)"],
@@ -182,7 +187,14 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, step_ti
     )
     if t.by_median:
         claim.note(f"Pairs (smaller, larger batch) where the larger improved both by the medians alone: {t.by_median}; beyond the rounds' interquartile ranges: {t.beyond_noise or 'none'}.")
-    claim.verify("twin", pairs_improving_both=len(t.beyond_noise), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs)
+    if len(rounds) > len(table):
+        claim.note(
+            f"Over every measured size ({sorted(rounds)}), pairs where the larger batch improves both beyond the rounds' spread: "
+            f"{every.beyond_noise or 'none'}. A batch that is not a power of two can run a slower kernel on some devices, and so be worse "
+            "in both than the next power of two: that is a property of the kernel, reported, not a setting of the book's table."
+        )
+    claim.verify("twin", pairs_improving_both=len(t.beyond_noise), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
+                 pairs_improving_both_any_size=len(every.beyond_noise), pairs_compared_any_size=every.pairs)
 
 
 def _spread_row(cost: str, ratio: str, values: list[float], meeting: str) -> list[str]:

@@ -26,7 +26,7 @@ def built(bytes_per_token: int = 12_288, speedup: float = 3.0, env: dict | None 
     """A small record: one digits claim (arithmetic) and one shape claim (twin timing ratios)."""
     rec = Recorder()
     rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": bytes_per_token})
-    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_growth": 2.0, "cached_s": 0.5})
+    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "cached_s": 0.5})
     tested = {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]}
     return report.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, tested)
 
@@ -94,7 +94,8 @@ def test_a_digits_value_moves_by_its_own_tolerance():
     def moved_to(value: float) -> list[cmp.Change]:
         after = copy.deepcopy(before)
         for chk in after["claims"]["KV-MEMORY-8.3X"]["results"][0]["checks"]:
-            chk["measured"] = value
+            if chk["q"] == "ratio":
+                chk["measured"] = value
         return cmp.compare(before, after)
 
     assert moved_to(6.2 + 1.2) == []
@@ -181,7 +182,30 @@ def test_a_claim_whose_test_was_not_selected_is_one_informational_change():
     """A run with -k or -m selects fewer tests: their claims are 'not run', not regressions."""
     before = built()
     rec = Recorder()
-    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": 3.0, "speedup_growth": 2.0})
+    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": 3.0, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0})
     after = report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu"}, {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]})
     [change] = cmp.compare(before, after)
     assert (change.claim, change.profile, change.before, change.after, change.regression) == ("KV-BYTES-FORMULA", "-", "reproduced", "not run", False)
+
+
+def _gamma8(a09: float, a03: float) -> dict:
+    rec = Recorder()
+    rec.verify("SPEC-GAMMA8", "arithmetic", "cpu", {"speedup_a09": a09, "speedup_a03": a03})
+    return report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"SPEC-GAMMA8": ["t.py"]})
+
+
+def test_a_confirmed_erratum_whose_digits_reproduce_is_a_regression(tmp_path, capsys):
+    """Like a strict xfail that passes: the erratum entry is stale, and compare says so."""
+    before = save(_gamma8(2.356, 0.549), tmp_path / "before")
+    after = save(_gamma8(3.40, 0.79), tmp_path / "after")
+    assert report.load(before)["claims"]["SPEC-GAMMA8"]["verdict"] == "erratum"
+    assert report.load(after)["claims"]["SPEC-GAMMA8"]["verdict"] == "deviates"
+    assert cmp.compare_cli([str(before), str(after)]) == 1
+    assert "REGRESSION  SPEC-GAMMA8 [arithmetic] verdict: erratum -> deviates" in capsys.readouterr().out
+
+
+def test_a_printed_bound_moves_like_a_shape_bound():
+    """A digits check of form `bound` (a printed "more than ten times") is compared against its bound with the band."""
+    claim = {"book": {"r": 10.0}, "checks": [{"q": "r", "kind": "digits", "form": "bound", "op": ">", "tol": 0.0}]}
+    assert cmp._tolerance("r", claim, 0.25) == ("rel", 0.25)
+    assert cmp._shape_bound("r", claim) == (">", 10.0)
