@@ -143,15 +143,7 @@ def workload(length_scale: int = DEFAULT_LENGTH_SCALE, vocab_size: int = 49_152,
 # ----------------------------------------------------------------------------------------------
 
 
-def ratios(static: batching.PolicyResult, continuous: batching.PolicyResult) -> dict[str, float]:
-    """Throughput continuous / static; mean latency static / continuous (from arrival and from admission)."""
-    return {
-        "throughput_ratio": continuous.throughput / static.throughput,
-        "latency_ratio": static.mean_latency_s / continuous.mean_latency_s,
-        "service_latency_ratio": static.mean_service_s / continuous.mean_service_s,
-        "static_steps": static.steps,
-        "continuous_steps": continuous.steps,
-    }
+ratios = batching.ratios  # one definition of the ratios for the simulation, the suite's scheduler and vLLM
 
 
 TABLE_ROWS = (
