@@ -42,6 +42,7 @@ The scheduling model (stated once, used by both the simulation and the real run)
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -184,6 +185,23 @@ def tradeoff(rounds: Mapping[int, Sequence[float]]) -> Tradeoff:
                 if quartiles(lat[b])[1] < quartiles(lat[a])[0]:
                     beyond.append((a, b))
     return Tradeoff(len(sizes) * (len(sizes) - 1) // 2, beyond, median)
+
+
+def equal_steps_false_alarm(rounds: int = 5, draws: int = 20_000, noise: Callable[[random.Random], float] | None = None, seed: int = SEED) -> float:
+    """The level of :func:`tradeoff`'s noise test: how often it says "b improves both" when b and a cost the same.
+
+    Both sizes draw ``rounds`` step times from the same distribution (``noise``, a standard normal by
+    default); the share of draws where b's third quartile lies below a's first is the chance that one
+    pair of equal true step times turns BAT-TRADEOFF red.
+    """
+    rng = random.Random(seed)
+    draw = noise or (lambda r: r.gauss(0.0, 1.0))
+    hits = 0
+    for _ in range(draws):
+        a = [draw(rng) for _ in range(rounds)]
+        b = [draw(rng) for _ in range(rounds)]
+        hits += quartiles(b)[1] < quartiles(a)[0]
+    return hits / draws
 
 
 # ----------------------------------------------------------------------------------------------

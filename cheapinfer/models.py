@@ -25,6 +25,13 @@ from .arch import BOOK_REPOS, QWEN25_05B, qwen2_config
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
+#: The dtype the book's model is *served* in, per device type: the batch claims are about a serving
+#: step. On a GPU the chapter serves it in fp16 ("de fp16 die je daadwerkelijk zou deployen"); on a
+#: CPU in its checkpoint's own dtype, bf16 (Qwen2.5's ``torch_dtype``; vLLM's CPU backend serves
+#: it so too). fp32 is the suite's reference precision, not a serving one: on an MKL CPU its matmul
+#: for 2 or 3 rows reads the weights once per row, slower than for 4 (BAT-TRADEOFF reports it).
+SERVING_DTYPE = {"cuda": "fp16", "cpu": "bf16"}
+
 
 class BookModelError(ValueError):
     """``--book-model`` points at something that is not a model directory."""

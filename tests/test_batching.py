@@ -1,0 +1,44 @@
+"""The noise test BAT-TRADEOFF's verdict rests on: its level, stated in the registry, is checked here."""
+
+import itertools
+
+import pytest
+
+from cheapinfer import batching
+
+NOISES = {
+    "normal": lambda r: r.gauss(0.0, 1.0),
+    "uniform": lambda r: r.random(),
+    "exponential": lambda r: r.expovariate(1.0),
+    "log-normal": lambda r: r.lognormvariate(0.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("noise", NOISES, ids=list(NOISES))
+def test_interquartile_test_fires_about_1_6_percent_on_equal_step_times(noise):
+    # 20,000 draws: the binomial standard error at p = 0.016 is 0.09 percentage points, so [1.2%, 2.0%] is > 4 of them.
+    level = batching.equal_steps_false_alarm(rounds=5, draws=20_000, noise=NOISES[noise])
+    assert 0.012 <= level <= 0.020, f"{noise}: {level:.2%}"
+
+
+def test_rank_bounds_of_the_level_hold_whatever_the_noise():
+    """Exact over the 252 equally likely rank orders of 5 + 5 exchangeable rounds.
+
+    All of b below all of a is sufficient (q3(b) <= b5 < a1 <= q1(a)); b4 < a2 is necessary (q3(b) >= b4, q1(a) <= a2).
+    """
+    sufficient = necessary = 0
+    orders = list(itertools.combinations(range(10), 5))
+    for ranks in orders:
+        b = sorted(ranks)
+        a = [i for i in range(10) if i not in ranks]
+        sufficient += b[4] < a[0]
+        necessary += b[3] < a[1]
+    assert (sufficient / len(orders), round(necessary / len(orders), 3)) == (1 / 252, 0.103)
+    assert 1 / 252 <= batching.equal_steps_false_alarm(draws=5_000) <= 0.103
+
+
+def test_a_larger_batch_that_waits_less_is_found_and_an_equal_one_is_not():
+    slow, fast = [1.00, 1.01, 0.99, 1.02, 1.00], [0.50, 0.51, 0.49, 0.52, 0.50]
+    assert batching.tradeoff({1: slow, 2: fast}).beyond_noise == [(1, 2)]
+    assert batching.tradeoff({1: slow, 2: list(slow)}).beyond_noise == []
+    assert batching.tradeoff({1: fast, 2: slow}).beyond_noise == []
