@@ -25,12 +25,19 @@ from .arch import BOOK_REPOS, QWEN25_05B, qwen2_config
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-#: The dtype the book's model is *served* in, per device type: the batch claims are about a serving
-#: step. On a GPU the chapter serves it in fp16 ("de fp16 die je daadwerkelijk zou deployen"); on a
-#: CPU in its checkpoint's own dtype, bf16 (Qwen2.5's ``torch_dtype``; vLLM's CPU backend serves
-#: it so too). fp32 is the suite's reference precision, not a serving one: on an MKL CPU its matmul
-#: for 2 or 3 rows reads the weights once per row, slower than for 4 (BAT-TRADEOFF reports it).
-SERVING_DTYPE = {"cuda": "fp16", "cpu": "bf16"}
+def serving_dtype(device: str | torch.device) -> str:
+    """The dtype the book's model is *served* in on this device: the batch claims are about a serving step.
+
+    On a GPU the chapter serves it in fp16 ("de fp16 die je daadwerkelijk zou deployen"). On a CPU
+    with native bf16 matrix kernels (oneDNN's own check: AVX512-BF16 or AMX) it is the checkpoint's
+    own dtype, bf16 (Qwen2.5's ``torch_dtype``), as CPU serving stacks choose; without them bf16 and
+    fp16 matmuls are emulated and a CPU server runs fp32. On an MKL CPU fp32's matmul for 2 or 3 rows
+    reads the weights once per row, slower than for 4 (BAT-TRADEOFF reports it beside the claim).
+    """
+    if torch.device(device).type == "cuda":
+        return "fp16"
+    native_bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return "bf16" if native_bf16 is not None and native_bf16() else "fp32"
 
 
 class BookModelError(ValueError):

@@ -65,12 +65,12 @@ def _served_models() -> dict:
 
 @pytest.fixture
 def served(_served_models, twin_factory, device):
-    """``served(profile)``: the profile in the dtype the book's model is served in on this device (models.SERVING_DTYPE).
+    """``served(profile)``: the profile in the dtype the book's model is served in on this device (models.serving_dtype).
 
     The batch claims are about a serving step: fp16 on a GPU, bf16 on a CPU. The twin comes from the
     session's factory (same seeded weights); other profiles are cast once per module.
     """
-    dtype = models.SERVING_DTYPE[device.type]
+    dtype = models.serving_dtype(device)
 
     def get(profile: models.Profile) -> models.Profile:
         if profile.name == "twin":
@@ -209,7 +209,7 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
     table = {b: v for b, v in rounds.items() if b & (b - 1) == 0}
     t = batching.tradeoff(table)
     every = batching.tradeoff(rounds)
-    dtype = models.SERVING_DTYPE[device.type]
+    dtype = models.serving_dtype(device)
     claim.table(
         f"Per-request latency over {ROUNDS} interleaved rounds, twin in {dtype} (the noise band: the rounds' interquartile range)",
         ["batch", "median (ms)", "first quartile (ms)", "third quartile (ms)", "throughput (tokens/s)"],

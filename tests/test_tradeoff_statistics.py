@@ -42,3 +42,14 @@ def test_a_larger_batch_that_waits_less_is_found_and_an_equal_one_is_not():
     assert batching.tradeoff({1: slow, 2: fast}).beyond_noise == [(1, 2)]
     assert batching.tradeoff({1: slow, 2: list(slow)}).beyond_noise == []
     assert batching.tradeoff({1: fast, 2: slow}).beyond_noise == []
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
+def test_a_cpu_serves_bf16_only_with_native_bf16_kernels(native, expected, monkeypatch):
+    import torch
+
+    from cheapinfer import models
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    assert models.serving_dtype("cpu") == expected
+    assert models.serving_dtype("cuda") == "fp16"
