@@ -393,6 +393,16 @@ class Table:
                 self.release(scheme)
         return self._rows[scheme]
 
+    def fill(self, device: torch.device | str, workers: int | None = None) -> "Table":
+        """Build every missing row, ``workers`` at a time on a CPU (:func:`cheapinfer.device.map_untimed`).
+
+        A row's numbers do not depend on what runs beside it; its ``seconds`` then do, and are only reported.
+        """
+        from .device import map_untimed
+
+        map_untimed(self.__getitem__, [s for s in self.schemes if s not in self._rows], device, workers)
+        return self
+
     @property
     def rows(self) -> dict[str, Row]:
         """Every row, in the book's order (builds the missing ones)."""
