@@ -99,8 +99,12 @@ RED = "red"
 RESULT_NAME = "faults.json"
 
 
-def _run_one(fault: Fault, outdir: Path, timeout: float) -> dict[str, str]:
-    """Run ``fault``'s target claims with the fault active; the verdict of each target claim."""
+def _run_one(fault: Fault, outdir: Path, timeout: float, threads: int | None = None) -> dict[str, str]:
+    """Run ``fault``'s target claims with the fault active; the verdict of each target claim.
+
+    ``threads``: torch threads of the pytest process (``None``: its default).
+    """
+    import os
     import subprocess
     import sys
 
@@ -115,7 +119,8 @@ def _run_one(fault: Fault, outdir: Path, timeout: float) -> dict[str, str]:
         "--benchmark-disable", "--benchmark-json", str(outdir / "benchmarks.json"),
     ]
     try:
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {cid: f"timed out after {timeout:.0f} s" for cid in fault.targets}
     try:
@@ -152,26 +157,70 @@ def uncovered() -> list[str]:
     return [cid for cid in registry.load() if cid in tested and cid not in named]
 
 
-def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run each fault ``runs`` times; the fault x claim results, as written to ``faults.json``."""
+#: What marks a claim test as reading a clock: a timing fixture it asks for, or a clock it calls.
+_CLOCK_FIXTURES = {"timed", "step_times", "benchmark"}
+_CLOCK_CALLS = ("perf_counter", "time.time(", "monotonic", "timing.", "interleaved(")
+
+
+def clocked_claims(claims_dir: Path | None = None) -> set[str]:
+    """Claims whose test reads a clock: their verdict can depend on the machine's load.
+
+    Found in the tests' source (``claims/test_*.py``): a test marked ``@pytest.mark.claim(ID)`` that asks
+    for a timing fixture or calls a clock. A fault naming one of these runs alone; the others run two
+    at a time (:func:`run`), since what they measure is a count, a token or a byte, not a time.
+    """
+    import ast
+
+    out: set[str] = set()
+    for path in sorted(Path(claims_dir or _root() / "claims").glob("test_*.py")):
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            ids = [d.args[0].value for d in node.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
+                   and d.func.attr == "claim" and d.args and isinstance(d.args[0], ast.Constant)]
+            body = ast.get_source_segment(source, node) or ""
+            if ids and ({a.arg for a in node.args.args} & _CLOCK_FIXTURES or any(c in body for c in _CLOCK_CALLS)):
+                out.update(ids)
+    return out
+
+
+def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2) -> dict[str, Any]:
+    """Run each fault ``runs`` times; the fault x claim results, as written to ``faults.json``.
+
+    Faults whose claims read no clock run ``workers`` at a time, each pytest with one torch thread;
+    then the faults naming a clocked claim run one at a time on the quiet machine, so that load from
+    a neighbour can never be what turned a timing claim red.
+    """
     import tempfile
     import time
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     faults = catalogue()
+    clocked = clocked_claims()
     started = time.time()
     results: dict[str, Any] = {}
+
+    def one(name: str, tmp: str, alone: bool) -> None:
+        f = faults[name]
+        t0 = time.time()
+        per_run = [_run_one(f, Path(tmp) / f"{name}-{i}", timeout, threads=None if alone else 1) for i in range(runs)]
+        caught = [any(v == RED for v in r.values()) for r in per_run]
+        results[name] = {
+            "section": f.section, "kind": f.kind, "what": f.what, "targets": list(f.targets), "clocked": alone,
+            "runs": per_run, "caught": sum(caught), "seconds": round(time.time() - t0, 1),
+        }
+        echo(f"{'caught' if all(caught) else 'MISSED':<7} {name}: red in {sum(caught)} of {runs} run(s) ({results[name]['seconds']:.0f} s{'' if alone else ', beside another'})")
+
+    quiet = [n for n in names if set(faults[n].targets) & clocked]
+    counted = [n for n in names if n not in quiet]
     with tempfile.TemporaryDirectory(prefix="cheapinfer-faults-") as tmp:
-        for name in names:
-            f = faults[name]
-            t0 = time.time()
-            per_run = [_run_one(f, Path(tmp) / f"{name}-{i}", timeout) for i in range(runs)]
-            caught = [any(v == RED for v in r.values()) for r in per_run]
-            results[name] = {
-                "section": f.section, "kind": f.kind, "what": f.what, "targets": list(f.targets),
-                "runs": per_run, "caught": sum(caught), "seconds": round(time.time() - t0, 1),
-            }
-            echo(f"{'caught' if all(caught) else 'MISSED':<7} {name}: red in {sum(caught)} of {runs} run(s) ({results[name]['seconds']:.0f} s)")
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(lambda n: one(n, tmp, False), counted))
+        for name in quiet:
+            one(name, tmp, True)
+    results = {n: results[n] for n in names}
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs,
@@ -225,6 +274,7 @@ def faults_cli(argv: list[str]) -> int:
     p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
     p.add_argument("--report-dir", type=Path, default=_root() / "reports", help="where faults.json is written (default reports/)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one fault run may take (default 600)")
+    p.add_argument("--workers", type=int, default=2, help="faults whose claims read no clock run this many at a time (default 2); the others always run alone")
     args = p.parse_args(argv)
     faults = catalogue()
     unknown = [n for n in args.names if n not in faults]
@@ -232,6 +282,8 @@ def faults_cli(argv: list[str]) -> int:
         p.error(f"no such fault: {', '.join(unknown)} (see --list)")
     if args.runs < 1:
         p.error("--runs must be at least 1")
+    if args.workers < 1:
+        p.error("--workers must be at least 1")
     if args.list:
         for f in faults.values():
             print(f"{f.name}  [{f.section}, {f.kind}] -> {', '.join(f.targets)}\n    {f.what}")
@@ -239,7 +291,7 @@ def faults_cli(argv: list[str]) -> int:
         return 0
     if args.report_dir.exists() and not args.report_dir.is_dir():
         p.error(f"--report-dir {args.report_dir} is a file, not a directory")
-    result = run(args.names or list(faults), args.runs, args.report_dir, args.timeout)
+    result = run(args.names or list(faults), args.runs, args.report_dir, args.timeout, workers=args.workers)
     print()
     print("\n".join(table(result)))
     missed = [n for n, r in result["faults"].items() if r["caught"] < args.runs]

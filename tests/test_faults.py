@@ -37,10 +37,45 @@ def test_faults_cover_every_section_of_the_chapter():
 def test_the_runner_reports_a_fault_that_turns_nothing_red(monkeypatch, tmp_path):
     """A missed fault is an exit-1 finding, with the claim's verdict beside it."""
     some = next(iter(faults.catalogue()))
-    monkeypatch.setattr(faults, "_run_one", lambda f, outdir, timeout: {cid: registry.REPRODUCED for cid in f.targets})
+    monkeypatch.setattr(faults, "_run_one", lambda f, outdir, timeout, threads=None: {cid: registry.REPRODUCED for cid in f.targets})
     result = faults.run([some], 2, tmp_path, echo=lambda line: None)
     assert result["faults"][some]["caught"] == 0
     assert any("red 0/2" in row and "reproduced" in row for row in faults.table(result))
+
+
+def test_clocked_claims_are_the_ones_whose_tests_read_a_clock():
+    clocked = faults.clocked_claims()
+    assert {"KV-SPEEDUP-48", "BAT-TRADEOFF", "BAT-STATIC-CONT", "Q-BYTES-SPEED", "SPEC-REAL-SLOWDOWN", "KV-HEAD-TIMING"} <= clocked
+    assert not clocked & {"KV-IDENTITY", "KV-BYTES-FORMULA", "Q-ABSMAX", "EVAL-TABLE", "SPEC-EXACT-GREEDY", "KV-MEMORY-8.3X"}
+
+
+def test_faults_on_clocked_claims_never_run_beside_another(monkeypatch, tmp_path):
+    """A neighbour's load must never be what turned a timing claim red: those faults run alone, after the others."""
+    import threading
+    import time
+
+    cat = faults.catalogue()
+    clocked = faults.clocked_claims()
+    timed = next(n for n, f in cat.items() if set(f.targets) & clocked)
+    counted = [n for n, f in cat.items() if not set(f.targets) & clocked][:3]
+    active, log = [], []
+    lock = threading.Lock()
+
+    def fake(f, outdir, timeout, threads=None):
+        with lock:
+            active.append(f.name)
+            log.append((f.name, tuple(active), threads))
+        time.sleep(0.05)
+        with lock:
+            active.remove(f.name)
+        return {cid: faults.RED for cid in f.targets}
+
+    monkeypatch.setattr(faults, "_run_one", fake)
+    faults.run([timed, *counted], 1, tmp_path, echo=lambda line: None)
+    alone = [entry for entry in log if entry[0] == timed]
+    assert alone == [(timed, (timed,), None)], log
+    assert log[-1][0] == timed and all(t == 1 for n, _, t in log if n != timed)
+    assert max(len(a) for _, a, _ in log) == 2
 
 
 def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
