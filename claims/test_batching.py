@@ -36,9 +36,9 @@ def _batch_sizes(claims: set[str], device: torch.device) -> list[int]:
     """The batch sizes the selected claims need, measured together in one interleaved run.
 
     BAT-1-TO-16: 1, 2, 4, 8, 16. BAT-STATIC-CONT: 1..8 (the step costs of 1..8 occupied slots).
-    BAT-KNEE: the powers of two up to 128 (256 on CUDA, where it is cheap); on a 2-core CPU the gain per
-    doubling fell 2.2, 1.7, 1.5, 1.4, 1.24 from 2 -> 4 to 32 -> 64, so 128 puts the knee's doubling well
-    past the 1.25x threshold instead of on it. BAT-TRADEOFF compares every pair of what is measured.
+    BAT-KNEE: the powers of two up to 128 (256 on CUDA, where it is cheap); on a 2-core CPU in bf16 the gain
+    per doubling fell 1.98, 1.81, 1.69, 1.49, 1.35, 1.21, 1.11 from 1 -> 2 to 64 -> 128, so 128 puts a
+    doubling well past the 1.25x threshold instead of on it. BAT-TRADEOFF compares every pair of what is measured.
     """
     sizes = set(_powers(16))
     if "BAT-STATIC-CONT" in claims:
