@@ -133,10 +133,7 @@ def map_untimed(fn: Callable[[T], R], items: Sequence[T], device: torch.device |
         return [fn(x) for x in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            return list(pool.map(fn, items))
-    finally:
-        torch.set_num_threads(before)
+    from .timing import cpu_threads
+
+    with cpu_threads(1), ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(fn, items))

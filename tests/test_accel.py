@@ -88,3 +88,14 @@ def test_decode_bytes_are_the_weights_and_the_caches_the_step_reads():
     weights = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())
     assert kv.decode_bytes(model, batch, context) == weights + kv.dynamic_cache_bytes(cache)
     assert kv.decode_efficiency(2_000, 0.5, 8_000) == pytest.approx(0.5)
+
+
+def test_map_untimed_keeps_the_order_and_gives_back_the_thread_count():
+    import torch
+
+    from cheapinfer.device import map_untimed
+
+    before = torch.get_num_threads()
+    seen = []
+    out = map_untimed(lambda x: (seen.append(torch.get_num_threads()), x * x)[1], list(range(6)), "cpu", workers=2)
+    assert out == [x * x for x in range(6)] and set(seen) == {1} and torch.get_num_threads() == before
