@@ -8,8 +8,9 @@ acceptance rule, a biased statistic. Each fault is a context manager that patche
 
 ``python -m cheapinfer faults`` runs every fault (``pytest --fault NAME``, selecting its target claims
 with ``--claims``) and prints a fault x claim table; it fails when a fault leaves every one of its target
-claims green, and names the claims that no known fault turns red. ``pytest --fault NAME`` runs the suite
-with one fault active: its claims should deviate.
+claims green, and names the claims that no known fault turns red. By default it sweeps: each run of a
+fault stops at its first red claim (:func:`run`); ``--all-targets`` runs every claim a fault names.
+``pytest --fault NAME`` runs the suite with one fault active: its claims should deviate.
 
 A fault is registered with :func:`fault`::
 
@@ -96,46 +97,127 @@ def targeted_by(claim_id: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 
 RED = "red"
+#: A target the sweep did not run: another claim had already caught the fault in that run.
+NOT_REACHED = "not reached"
 RESULT_NAME = "faults.json"
+SWEEP, ALL_TARGETS = "sweep", "all targets"
 
 
-def _run_one(fault: Fault, outdir: Path, timeout: float, threads: int | None = None) -> dict[str, str]:
-    """Run ``fault``'s target claims with the fault active; the verdict of each target claim.
+#: Modules a pytest of a fault run imports anyway: loaded once into the fork server its runs start from.
+_PRELOAD = ["torch", "transformers", "scipy.stats", "numpy", "pytest", "hypothesis", "pytest_benchmark.plugin", "cheapinfer.fault_catalogue"]
+_forks = None
 
-    ``threads``: torch threads of the pytest process (``None``: its default).
+
+def _fork_context():
+    """A ``forkserver`` context whose server has imported :data:`_PRELOAD` (None where there is no fork).
+
+    A fault run then starts from a process that has torch, transformers and the suite loaded, instead
+    of importing them again (about 3 s of each run). The server itself never runs a tensor operation,
+    so nothing of a thread pool is inherited: each run sets its own torch threads.
     """
+    global _forks
+    import multiprocessing
+
+    if _forks is None and "forkserver" in multiprocessing.get_all_start_methods():
+        _forks = multiprocessing.get_context("forkserver")
+        _forks.set_forkserver_preload(_PRELOAD)
+    return _forks
+
+
+def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> None:
+    """Run ``pytest args`` in this (forked) process, output to ``log``; its exit status is the process's."""
+    import os
+    import sys
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 3
+    try:
+        if threads:
+            import torch
+
+            os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+            torch.set_num_threads(threads)  # the OpenMP runtime read its variable when the server loaded torch
+        os.chdir(root)
+        # tqdm (transformers' loading bars) would make a multiprocessing lock, which this child, ending with
+        # os._exit, could never release: the fork server's resource tracker would warn of it at the end.
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
+        import pytest
+
+        code = int(pytest.main(args))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _pytest(args: list[str], root: Path, threads: int | None, timeout: float, log: Path) -> tuple[int | None, str]:
+    """``python -m pytest args`` in ``root``: (exit status, or None on timeout; the output's last line)."""
     import os
     import subprocess
     import sys
 
+    ctx = _fork_context()
+    if ctx is None:  # no fork here: a fresh interpreter per run
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return None, ""
+        return proc.returncode, ((proc.stdout + proc.stderr).strip().splitlines() or ["no output"])[-1]
+    child = ctx.Process(target=_pytest_child, args=(args, str(root), threads, str(log)), daemon=True)
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return None, ""
+    try:
+        tail = (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["no output"])[-1]
+    except OSError:
+        tail = "no output"
+    return child.exitcode, tail
+
+
+def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float, threads: int | None = None,
+             stop: bool = False) -> dict[str, str]:
+    """Run the tests of ``claims`` with ``fault`` active; the verdict of each claim.
+
+    ``threads``: torch threads of the pytest process (``None``: its default). ``stop``: stop after the first
+    claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
+    """
     from . import report
     from .registry import DEVIATES, NOT_RUN
 
     root = _root()
     outdir.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "pytest", str(root / "claims"), "-q", "-p", "no:cacheprovider", "--no-header", "-r", "N",
-        "--fault", fault.name, "--claims", ",".join(fault.targets), "--report-dir", str(outdir),
-        "--benchmark-disable", "--benchmark-json", str(outdir / "benchmarks.json"),
+    args = [
+        str(root / "claims"), "-q", "-p", "no:cacheprovider", "--no-header", "-r", "N",
+        "--fault", fault.name, "--claims", ",".join(claims), "--report-dir", str(outdir),
+        "--benchmark-disable", "--benchmark-json", str(outdir / "benchmarks.json"), *(["--stop-on-red"] if stop else []),
     ]
-    try:
-        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {cid: f"timed out after {timeout:.0f} s" for cid in fault.targets}
+    code, tail = _pytest(args, root, threads, timeout, outdir / "pytest.log")
+    if code is None:
+        return {cid: f"timed out after {timeout:.0f} s" for cid in claims}
     try:
         record = report.load(outdir)
     except (OSError, ValueError):
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
-        return {cid: f"no record (pytest exit {proc.returncode}: {tail[0]})" for cid in fault.targets}
+        return {cid: f"no record (pytest exit {code}: {tail})" for cid in claims}
     out = {}
-    for cid in fault.targets:
+    for cid in claims:
         claim = record["claims"].get(cid, {})
-        results = claim.get("results", [])
+        results = [r for r in claim.get("results", []) if r.get("test")]  # the placeholder of an unselected test has none
         if any(r["verdict"] == DEVIATES for r in results):
             out[cid] = RED
         elif any(r["verdict"] == NOT_RUN and str(r.get("reason", "")).startswith("error before a verdict") for r in results):
             out[cid] = "error: " + next(r["reason"] for r in results if r["verdict"] == NOT_RUN)
+        elif not results and stop:
+            out[cid] = NOT_REACHED
         else:
             out[cid] = claim.get("verdict", "absent")
     return out
@@ -157,17 +239,18 @@ def uncovered() -> list[str]:
     return [cid for cid in registry.load() if cid in tested and cid not in named]
 
 
-#: What marks a claim test as reading a clock: a timing fixture it asks for, or a clock it calls.
+#: What marks a claim test as reading a clock: a timing fixture it asks for, or a clock it calls
+#: (``timing.cpu_threads`` only sets a thread count, and reads no clock).
 _CLOCK_FIXTURES = {"timed", "step_times", "benchmark"}
-_CLOCK_CALLS = ("perf_counter", "time.time(", "monotonic", "timing.", "interleaved(")
+_CLOCK_CALLS = ("perf_counter", "time.time(", "monotonic", "interleaved(", "Samples(")
 
 
 def clocked_claims(claims_dir: Path | None = None) -> set[str]:
     """Claims whose test reads a clock: their verdict can depend on the machine's load.
 
     Found in the tests' source (``claims/test_*.py``): a test marked ``@pytest.mark.claim(ID)`` that asks
-    for a timing fixture or calls a clock. A fault naming one of these runs alone; the others run two
-    at a time (:func:`run`), since what they measure is a count, a token or a byte, not a time.
+    for a timing fixture or calls a clock. These claims are run on a quiet machine (:func:`run`); the
+    others run two at a time, since what they measure is a count, a token or a byte, not a time.
     """
     import ast
 
@@ -185,14 +268,21 @@ def clocked_claims(claims_dir: Path | None = None) -> set[str]:
     return out
 
 
-def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2) -> dict[str, Any]:
+def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2,
+        all_targets: bool = False) -> dict[str, Any]:
     """Run each fault ``runs`` times; the fault x claim results, as written to ``faults.json``.
 
-    Faults whose claims read no clock run ``workers`` at a time, each pytest with one torch thread;
-    then the faults naming a clocked claim run one at a time on the quiet machine, so that load from
-    a neighbour can never be what turned a timing claim red.
+    The sweep (default) asks of each fault what the catalogue promises of every fault: that it turns a
+    claim red in every run. Each run tries the fault's unclocked claims first, ``workers`` faults at a
+    time with one torch thread each, stopping at the first red claim (``--stop-on-red``); only a fault
+    that none of them caught goes on to its clocked claims, run one fault at a time on the quiet
+    machine, so that load from a neighbour can never be what turned a timing claim red.
+
+    ``all_targets``: every claim a fault names is run in every run (the per-claim coverage the registry's
+    fault lists state); a fault naming a clocked claim then runs alone, after the others.
     """
     import tempfile
+    import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
@@ -200,30 +290,62 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
     faults = catalogue()
     clocked = clocked_claims()
     started = time.time()
-    results: dict[str, Any] = {}
+    per_run: dict[str, list[dict[str, str]]] = {n: [{} for _ in range(runs)] for n in names}
+    seconds: dict[str, float] = {n: 0.0 for n in names}
+    alone_ran: dict[str, bool] = {n: False for n in names}
+    lock = threading.Lock()
 
-    def one(name: str, tmp: str, alone: bool) -> None:
-        f = faults[name]
+    def step(name: str, i: int, claims: tuple[str, ...], tmp: str, alone: bool, phase: str) -> None:
         t0 = time.time()
-        per_run = [_run_one(f, Path(tmp) / f"{name}-{i}", timeout, threads=None if alone else 1) for i in range(runs)]
-        caught = [any(v == RED for v in r.values()) for r in per_run]
-        results[name] = {
-            "section": f.section, "kind": f.kind, "what": f.what, "targets": list(f.targets), "clocked": alone,
-            "runs": per_run, "caught": sum(caught), "seconds": round(time.time() - t0, 1),
-        }
-        echo(f"{'caught' if all(caught) else 'MISSED':<7} {name}: red in {sum(caught)} of {runs} run(s) ({results[name]['seconds']:.0f} s{'' if alone else ', beside another'})")
+        got = _run_one(faults[name], claims, Path(tmp) / f"{name}-{i}-{phase}", timeout, threads=None if alone else 1, stop=not all_targets)
+        with lock:
+            per_run[name][i].update(got)
+            seconds[name] += time.time() - t0
+            alone_ran[name] |= alone
+            red = [cid for cid, v in got.items() if v == RED]
+            echo(f"  {name} (run {i + 1}, {'alone' if alone else 'beside another'}): "
+                 f"{'red: ' + ', '.join(red) if red else 'nothing red'} ({time.time() - t0:.0f} s)")
 
-    quiet = [n for n in names if set(faults[n].targets) & clocked]
-    counted = [n for n in names if n not in quiet]
+    def caught(name: str, i: int) -> bool:
+        return any(v == RED for v in per_run[name][i].values())
+
+    if all_targets:
+        quiet = [n for n in names if set(faults[n].targets) & clocked]
+        first = [(n, i, faults[n].targets) for n in names if n not in quiet for i in range(runs)]
+        second = lambda: [(n, i, faults[n].targets) for n in quiet for i in range(runs)]  # noqa: E731
+    else:
+        first = [(n, i, a) for n in names for i in range(runs) if (a := tuple(t for t in faults[n].targets if t not in clocked))]
+        second = lambda: [(n, i, b) for n in names for i in range(runs)  # noqa: E731
+                          if not caught(n, i) and (b := tuple(t for t in faults[n].targets if t in clocked))]
+    # Longest first (by the last run's seconds, where there is one), so that no long fault starts last.
+    before = (last_run(outdir) or {}).get("faults", {})
+    first.sort(key=lambda job: -float((before.get(job[0]) or {}).get("seconds", 0) or 0))
     with tempfile.TemporaryDirectory(prefix="cheapinfer-faults-") as tmp:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            list(pool.map(lambda n: one(n, tmp, False), counted))
-        for name in quiet:
-            one(name, tmp, True)
-    results = {n: results[n] for n in names}
+            list(pool.map(lambda job: step(*job, tmp, False, "counted"), first))
+        for job in second():
+            step(*job, tmp, True, "clocked")
+
+    results: dict[str, Any] = {}
+    for n in names:
+        f = faults[n]
+        for i, r in enumerate(per_run[n]):
+            by = [cid for cid in f.targets if r.get(cid) == RED]
+            # A claim the sweep never ran, or stopped before: another claim had already caught the fault.
+            skipped = f"{NOT_REACHED}: caught by {by[0]} first" if by else "not run"
+            per_run[n][i] = {cid: r[cid] if r.get(cid) not in (None, NOT_REACHED) else skipped for cid in f.targets}
+        hits = [any(v == RED for v in r.values()) for r in per_run[n]]
+        results[n] = {
+            "section": f.section, "kind": f.kind, "what": f.what, "targets": list(f.targets), "clocked": alone_ran[n],
+            "runs": per_run[n], "caught": sum(hits), "seconds": round(seconds[n], 1),
+        }
+        by = sorted({cid for r in per_run[n] for cid, v in r.items() if v == RED})
+        echo(f"{'caught' if all(hits) else 'MISSED':<7} {n}: red in {sum(hits)} of {runs} run(s)"
+             f"{' by ' + ', '.join(by) if by else ''} ({results[n]['seconds']:.0f} s{', alone' if alone_ran[n] else ''})")
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs,
+        "mode": ALL_TARGETS if all_targets else SWEEP,
         "seconds": round(time.time() - started, 1),
         "faults": results,
         "uncovered": uncovered(),
@@ -274,7 +396,9 @@ def faults_cli(argv: list[str]) -> int:
     p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
     p.add_argument("--report-dir", type=Path, default=_root() / "reports", help="where faults.json is written (default reports/)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one fault run may take (default 600)")
-    p.add_argument("--workers", type=int, default=2, help="faults whose claims read no clock run this many at a time (default 2); the others always run alone")
+    p.add_argument("--workers", type=int, default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
+    p.add_argument("--all-targets", action="store_true",
+                   help="run every claim each fault names, in every run (the per-claim coverage); default: the sweep, which stops each run at the fault's first red claim")
     args = p.parse_args(argv)
     faults = catalogue()
     unknown = [n for n in args.names if n not in faults]
@@ -291,11 +415,12 @@ def faults_cli(argv: list[str]) -> int:
         return 0
     if args.report_dir.exists() and not args.report_dir.is_dir():
         p.error(f"--report-dir {args.report_dir} is a file, not a directory")
-    result = run(args.names or list(faults), args.runs, args.report_dir, args.timeout, workers=args.workers)
+    result = run(args.names or list(faults), args.runs, args.report_dir, args.timeout, echo=lambda line: print(line, flush=True),
+                 workers=args.workers, all_targets=args.all_targets)
     print()
     print("\n".join(table(result)))
     missed = [n for n, r in result["faults"].items() if r["caught"] < args.runs]
-    print(f"\n{len(result['faults'])} faults, {args.runs} run(s) each, {result['seconds']:.0f} s: "
+    print(f"\n{len(result['faults'])} faults, {args.runs} run(s) each ({result['mode']}), {result['seconds']:.0f} s: "
           f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "") + ".")
     print(f"Claims no known fault turns red: {', '.join(result['uncovered']) or 'none'}")
     args.report_dir.mkdir(parents=True, exist_ok=True)

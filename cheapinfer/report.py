@@ -356,7 +356,8 @@ def _fault_lines(record: dict[str, Any]) -> list[str]:
             f = (last or {}).get("faults", {}).get(n)
             if f:
                 red = sum(run.get(cid) == "red" for run in f["runs"])
-                seen.append(f"{n} (red {red}/{len(f['runs'])})")
+                skipped = sum(str(run.get(cid, "")).startswith("not reached") for run in f["runs"])
+                seen.append(f"{n} (red {red}/{len(f['runs'])}" + (f", not reached in {skipped}: caught first by another claim" if skipped else "") + ")")
             else:
                 seen.append(f"{n} (not run)")
         rows.append([cid, "; ".join(seen)])
@@ -365,7 +366,12 @@ def _fault_lines(record: dict[str, Any]) -> list[str]:
     bare = [cid for cid in tested if not claims[cid].get("faults")]
     lines.append("Claims that no known fault turns red: " + (", ".join(bare) if bare else "none") + ".")
     if last:
-        lines.append(f"Last faults run: {last.get('created', '?')}, {last.get('runs', '?')} run(s) of each of {len(last.get('faults', {}))} faults.")
+        mode = last.get("mode", "all targets")
+        how = ("every claim each fault names was run" if mode == "all targets"
+               else "the sweep: each run of a fault stopped at its first red claim, unclocked claims first")
+        caught = sum(f.get("caught") == last.get("runs") for f in last.get("faults", {}).values())
+        lines.append(f"Last faults run: {last.get('created', '?')}, {last.get('runs', '?')} run(s) of each of {len(last.get('faults', {}))} faults "
+                     f"({how}); {caught} caught in every run.")
     lines.append("")
     return lines
 

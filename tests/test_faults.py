@@ -1,8 +1,8 @@
 """The fault catalogue itself: every fault patches something real, and the runner tells caught from missed.
 
-The full run (every fault, every target claim) is ``python -m cheapinfer faults`` or
-``pytest -m faults tests/test_faults.py``; it takes minutes, so plain ``pytest`` runs it only for one
-cheap fault, end to end.
+The sweep of the whole catalogue is ``python -m cheapinfer faults`` (every claim each fault names:
+``--all-targets``) or ``pytest -m faults tests/test_faults.py``; it takes minutes, so plain ``pytest``
+runs it only for one cheap fault, end to end.
 """
 
 import subprocess
@@ -37,7 +37,7 @@ def test_faults_cover_every_section_of_the_chapter():
 def test_the_runner_reports_a_fault_that_turns_nothing_red(monkeypatch, tmp_path):
     """A missed fault is an exit-1 finding, with the claim's verdict beside it."""
     some = next(iter(faults.catalogue()))
-    monkeypatch.setattr(faults, "_run_one", lambda f, outdir, timeout, threads=None: {cid: registry.REPRODUCED for cid in f.targets})
+    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: {cid: registry.REPRODUCED for cid in claims})
     result = faults.run([some], 2, tmp_path, echo=lambda line: None)
     assert result["faults"][some]["caught"] == 0
     assert any("red 0/2" in row and "reproduced" in row for row in faults.table(result))
@@ -46,47 +46,94 @@ def test_the_runner_reports_a_fault_that_turns_nothing_red(monkeypatch, tmp_path
 def test_clocked_claims_are_the_ones_whose_tests_read_a_clock():
     clocked = faults.clocked_claims()
     assert {"KV-SPEEDUP-48", "BAT-TRADEOFF", "BAT-STATIC-CONT", "Q-BYTES-SPEED", "SPEC-REAL-SLOWDOWN", "KV-HEAD-TIMING"} <= clocked
-    assert not clocked & {"KV-IDENTITY", "KV-BYTES-FORMULA", "Q-ABSMAX", "EVAL-TABLE", "SPEC-EXACT-GREEDY", "KV-MEMORY-8.3X"}
+    # PAGE-* set a thread count (timing.cpu_threads) but read no clock.
+    assert not clocked & {"KV-IDENTITY", "KV-BYTES-FORMULA", "Q-ABSMAX", "EVAL-TABLE", "SPEC-EXACT-GREEDY", "KV-MEMORY-8.3X", "PAGE-WASTE", "PAGE-PREFIX"}
 
 
-def test_faults_on_clocked_claims_never_run_beside_another(monkeypatch, tmp_path):
-    """A neighbour's load must never be what turned a timing claim red: those faults run alone, after the others."""
+def _logging_runner(monkeypatch, red):
+    """A fake ``_run_one`` that logs who ran beside whom, and turns red the claims ``red(claim)`` picks."""
     import threading
     import time
 
-    cat = faults.catalogue()
-    clocked = faults.clocked_claims()
-    timed = next(n for n, f in cat.items() if set(f.targets) & clocked)
-    counted = [n for n, f in cat.items() if not set(f.targets) & clocked][:3]
     active, log = [], []
     lock = threading.Lock()
 
-    def fake(f, outdir, timeout, threads=None):
+    def fake(f, claims, outdir, timeout, threads=None, stop=False):
         with lock:
             active.append(f.name)
-            log.append((f.name, tuple(active), threads))
+            log.append((f.name, tuple(claims), tuple(active), threads, stop))
         time.sleep(0.05)
         with lock:
             active.remove(f.name)
-        return {cid: faults.RED for cid in f.targets}
+        out = {}
+        for cid in claims:
+            out[cid] = faults.RED if red(cid) else registry.SHAPE_HOLDS
+            if stop and out[cid] == faults.RED:
+                break
+        return out
 
     monkeypatch.setattr(faults, "_run_one", fake)
-    faults.run([timed, *counted], 1, tmp_path, echo=lambda line: None)
-    alone = [entry for entry in log if entry[0] == timed]
-    assert alone == [(timed, (timed,), None)], log
-    assert log[-1][0] == timed and all(t == 1 for n, _, t in log if n != timed)
-    assert max(len(a) for _, a, _ in log) == 2
+    return log
+
+
+@pytest.mark.parametrize("all_targets", [False, True], ids=["sweep", "all-targets"])
+def test_clocked_claims_never_run_beside_another_fault(monkeypatch, tmp_path, all_targets):
+    """A neighbour's load must never be what turned a timing claim red: clocked claims run alone, after the rest."""
+    cat, clocked = faults.catalogue(), faults.clocked_claims()
+    mixed = next(n for n, f in cat.items() if set(f.targets) & clocked and set(f.targets) - clocked)
+    only_clocked = next(n for n, f in cat.items() if set(f.targets) <= clocked)
+    counted = [n for n, f in cat.items() if not set(f.targets) & clocked][:3]
+    log = _logging_runner(monkeypatch, red=lambda cid: cid in clocked)  # only timing claims see these faults
+    result = faults.run([mixed, only_clocked, *counted], 1, tmp_path, echo=lambda line: None, all_targets=all_targets)
+    assert result["faults"][mixed]["caught"] == result["faults"][only_clocked]["caught"] == 1, result
+    for name, claims, beside, threads, stop in log:
+        assert stop is not all_targets
+        if set(claims) & clocked:
+            assert beside == (name,) and threads is None, log
+        else:
+            assert threads == 1
+    assert max(len(beside) for *_, beside, _, _ in log) == 2
+    first_clocked = next(i for i, e in enumerate(log) if set(e[1]) & clocked)
+    assert all(set(e[1]) & clocked for e in log[first_clocked:]), "an unclocked run came after the quiet phase began"
+
+
+def test_the_sweep_stops_at_the_first_red_claim(monkeypatch, tmp_path):
+    """Caught by an unclocked claim, a fault never runs its clocked claims; those are reported as not reached."""
+    cat, clocked = faults.catalogue(), faults.clocked_claims()
+    mixed = next(n for n, f in cat.items() if set(f.targets) & clocked and set(f.targets) - clocked)
+    log = _logging_runner(monkeypatch, red=lambda cid: True)
+    result = faults.run([mixed], 2, tmp_path, echo=lambda line: None)
+    assert [set(claims) & clocked for _, claims, *_ in log] == [set(), set()]
+    for run in result["faults"][mixed]["runs"]:
+        assert sorted(v for v in run.values() if v == faults.RED) == [faults.RED]
+        assert all(v == faults.RED or v.startswith(faults.NOT_REACHED) for v in run.values())
 
 
 def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
-    """One cheap fault through the real path: pytest --fault, the registry, the record, the table."""
+    """One cheap fault through the real path: pytest --fault --stop-on-red, the registry, the record, the table."""
+    name = "kv-bytes-counts-query-heads"
     proc = subprocess.run(
-        [sys.executable, "-m", "cheapinfer", "faults", "kv-bytes-counts-query-heads", "--report-dir", str(tmp_path)],
+        [sys.executable, "-m", "cheapinfer", "faults", name, "--report-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "| kv-bytes-counts-query-heads | wrong constant | KV-BYTES-FORMULA | red 1/1 |" in proc.stdout
-    assert faults.last_run(tmp_path)["faults"]["kv-bytes-counts-query-heads"]["caught"] == 1
+    run = faults.last_run(tmp_path)["faults"][name]
+    assert run["caught"] == 1
+    verdicts = run["runs"][0]
+    red = [cid for cid, v in verdicts.items() if v == faults.RED]
+    assert len(red) == 1 and f"| {name} | wrong constant | {red[0]} | red 1/1 |" in proc.stdout, proc.stdout
+    assert all(v.startswith(f"{faults.NOT_REACHED}: caught by {red[0]}") for cid, v in verdicts.items() if cid != red[0]), verdicts
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["fork-server", "fresh-interpreter"])
+def test_a_fault_run_starts_pytest_from_the_fork_server_or_a_fresh_interpreter(monkeypatch, tmp_path, fork):
+    """Both ways of starting a fault's pytest give its exit status and its output's last line; a timeout is None."""
+    if not fork:
+        monkeypatch.setattr(faults, "_fork_context", lambda: None)
+    code, tail = faults._pytest(["--version"], ROOT, 1, 120, tmp_path / "pytest.log")
+    assert code == 0 and tail.startswith("pytest "), (code, tail)
+    code, _ = faults._pytest(["claims/test_budget.py", "-q", "-p", "no:cacheprovider", "--report-dir", str(tmp_path)], ROOT, 1, 0.01, tmp_path / "slow.log")
+    assert code is None
 
 
 @pytest.mark.faults
