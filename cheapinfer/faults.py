@@ -309,14 +309,17 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
     def caught(name: str, i: int) -> bool:
         return any(v == RED for v in per_run[name][i].values())
 
+    quiet = [n for n in names if set(faults[n].targets) & clocked]
     if all_targets:
-        quiet = [n for n in names if set(faults[n].targets) & clocked]
         first = [(n, i, faults[n].targets) for n in names if n not in quiet for i in range(runs)]
-        second = lambda: [(n, i, faults[n].targets) for n in quiet for i in range(runs)]  # noqa: E731
     else:
         first = [(n, i, a) for n in names for i in range(runs) if (a := tuple(t for t in faults[n].targets if t not in clocked))]
-        second = lambda: [(n, i, b) for n in names for i in range(runs)  # noqa: E731
-                          if not caught(n, i) and (b := tuple(t for t in faults[n].targets if t in clocked))]
+
+    def second() -> list[tuple[str, int, tuple[str, ...]]]:
+        """The alone phase, chosen after the first: in the sweep, only the runs no counted claim caught."""
+        if all_targets:
+            return [(n, i, faults[n].targets) for n in quiet for i in range(runs)]
+        return [(n, i, tuple(t for t in faults[n].targets if t in clocked)) for n in quiet for i in range(runs) if not caught(n, i)]
     # Longest first (by the last run's seconds, where there is one), so that no long fault starts last.
     before = (last_run(outdir) or {}).get("faults", {})
     first.sort(key=lambda job: -float((before.get(job[0]) or {}).get("seconds", 0) or 0))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, registry
+from .faults import ALL_TARGETS, NOT_REACHED, RED
 from .record import overall
 from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 
@@ -355,8 +356,8 @@ def _fault_lines(record: dict[str, Any]) -> list[str]:
         for n in names:
             f = (last or {}).get("faults", {}).get(n)
             if f:
-                red = sum(run.get(cid) == "red" for run in f["runs"])
-                skipped = sum(str(run.get(cid, "")).startswith("not reached") for run in f["runs"])
+                red = sum(run.get(cid) == RED for run in f["runs"])
+                skipped = sum(str(run.get(cid, "")).startswith(NOT_REACHED) for run in f["runs"])
                 seen.append(f"{n} (red {red}/{len(f['runs'])}" + (f", not reached in {skipped}: caught first by another claim" if skipped else "") + ")")
             else:
                 seen.append(f"{n} (not run)")
@@ -366,8 +367,8 @@ def _fault_lines(record: dict[str, Any]) -> list[str]:
     bare = [cid for cid in tested if not claims[cid].get("faults")]
     lines.append("Claims that no known fault turns red: " + (", ".join(bare) if bare else "none") + ".")
     if last:
-        mode = last.get("mode", "all targets")
-        how = ("every claim each fault names was run" if mode == "all targets"
+        mode = last.get("mode", ALL_TARGETS)  # a record from before the sweep ran every target
+        how = ("every claim each fault names was run" if mode == ALL_TARGETS
                else "the sweep: each run of a fault stopped at its first red claim, unclocked claims first")
         caught = sum(f.get("caught") == last.get("runs") for f in last.get("faults", {}).values())
         lines.append(f"Last faults run: {last.get('created', '?')}, {last.get('runs', '?')} run(s) of each of {len(last.get('faults', {}))} faults "
