@@ -245,16 +245,10 @@ _CLOCK_FIXTURES = {"timed", "step_times", "benchmark"}
 _CLOCK_CALLS = ("perf_counter", "time.time(", "monotonic", "interleaved(", "Samples(")
 
 
-def clocked_claims(claims_dir: Path | None = None) -> set[str]:
-    """Claims whose test reads a clock: their verdict can depend on the machine's load.
-
-    Found in the tests' source (``claims/test_*.py``): a test marked ``@pytest.mark.claim(ID)`` that asks
-    for a timing fixture or calls a clock. These claims are run on a quiet machine (:func:`run`); the
-    others run two at a time, since what they measure is a count, a token or a byte, not a time.
-    """
+def _claim_tests(claims_dir: Path | None = None) -> Iterator[tuple[list[str], Any, str]]:
+    """Each claim test in ``claims/test_*.py``: (its claim IDs, its function node, its source)."""
     import ast
 
-    out: set[str] = set()
     for path in sorted(Path(claims_dir or _root() / "claims").glob("test_*.py")):
         source = path.read_text(encoding="utf-8")
         for node in ast.walk(ast.parse(source)):
@@ -262,10 +256,27 @@ def clocked_claims(claims_dir: Path | None = None) -> set[str]:
                 continue
             ids = [d.args[0].value for d in node.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
                    and d.func.attr == "claim" and d.args and isinstance(d.args[0], ast.Constant)]
-            body = ast.get_source_segment(source, node) or ""
-            if ids and ({a.arg for a in node.args.args} & _CLOCK_FIXTURES or any(c in body for c in _CLOCK_CALLS)):
-                out.update(ids)
-    return out
+            if ids:
+                yield ids, node, ast.get_source_segment(source, node) or ""
+
+
+def clocked_claims(claims_dir: Path | None = None) -> set[str]:
+    """Claims whose test reads a clock: their verdict can depend on the machine's load.
+
+    Found in the tests' source (``claims/test_*.py``): a test marked ``@pytest.mark.claim(ID)`` that asks
+    for a timing fixture or calls a clock. These claims are run on a quiet machine (:func:`run`); the
+    others run two at a time, since what they measure is a count, a token or a byte, not a time.
+    """
+    return {cid for ids, node, body in _claim_tests(claims_dir)
+            if {a.arg for a in node.args.args} & _CLOCK_FIXTURES or any(c in body for c in _CLOCK_CALLS) for cid in ids}
+
+
+def slow_claims(claims_dir: Path | None = None) -> set[str]:
+    """Claims whose test is marked ``@pytest.mark.slow`` (more than a minute on a 2-core CPU)."""
+    import ast
+
+    return {cid for ids, node, _ in _claim_tests(claims_dir)
+            if any(isinstance(d, ast.Attribute) and d.attr == "slow" for d in node.decorator_list) for cid in ids}
 
 
 def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2,
@@ -320,9 +331,11 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
         if all_targets:
             return [(n, i, faults[n].targets) for n in quiet for i in range(runs)]
         return [(n, i, tuple(t for t in faults[n].targets if t in clocked)) for n in quiet for i in range(runs) if not caught(n, i)]
-    # Longest first (by the last run's seconds, where there is one), so that no long fault starts last.
+    # Longest first, so that no long fault starts last: by the last run's seconds where there is one,
+    # else the faults whose claims have a slow test first.
     before = (last_run(outdir) or {}).get("faults", {})
-    first.sort(key=lambda job: -float((before.get(job[0]) or {}).get("seconds", 0) or 0))
+    slow = slow_claims()
+    first.sort(key=lambda job: (-float((before.get(job[0]) or {}).get("seconds", 0) or 0), not set(job[2]) & slow))
     with tempfile.TemporaryDirectory(prefix="cheapinfer-faults-") as tmp:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             list(pool.map(lambda job: step(*job, tmp, False, "counted"), first))

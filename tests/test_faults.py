@@ -50,6 +50,19 @@ def test_clocked_claims_are_the_ones_whose_tests_read_a_clock():
     assert not clocked & {"KV-IDENTITY", "KV-BYTES-FORMULA", "Q-ABSMAX", "EVAL-TABLE", "SPEC-EXACT-GREEDY", "KV-MEMORY-8.3X", "PAGE-WASTE", "PAGE-PREFIX"}
 
 
+def test_faults_on_slow_claims_start_first_when_there_is_no_last_run(monkeypatch, tmp_path):
+    """Without a previous faults.json, the faults whose claims have a slow test (EVAL-TABLE's seven rows,
+    SPEC-EXACT-GREEDY's six drafts) must not start last, or a long one runs alone at the end."""
+    assert {"EVAL-TABLE", "SPEC-EXACT-GREEDY"} <= faults.slow_claims()
+    cat = faults.catalogue()
+    names = list(cat)
+    log = _logging_runner(monkeypatch, red=lambda cid: True)
+    faults.run(names, 1, tmp_path, echo=lambda line: None, workers=1)
+    order = [name for name, *_ in log]
+    slow = [n for n in names if set(cat[n].targets) & faults.slow_claims() and not set(cat[n].targets) <= faults.clocked_claims()]
+    assert slow and set(order[: len(slow)]) == set(slow), order
+
+
 def _logging_runner(monkeypatch, red):
     """A fake ``_run_one`` that logs who ran beside whom, and turns red the claims ``red(claim)`` picks."""
     import threading
