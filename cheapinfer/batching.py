@@ -51,7 +51,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from . import SEED
+from . import SEED, hf
 from .device import sync
 from .kv import random_cache
 
@@ -73,11 +73,26 @@ def decode_step(model, batch: int, context: int = 64, seed: int = SEED) -> Calla
 
     def step() -> torch.Tensor:
         with torch.inference_mode():
-            out = model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True)
+            out = step_forward(model, ids, cache, positions)
             cache.crop(-1)  # back to ``context`` tokens
             return out.logits[:, -1].argmax(-1)  # [B]
 
     return step
+
+
+def step_forward(model, ids: torch.Tensor, cache, positions: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    """The batch's decode forward: ``ids`` [B, T] at ``positions`` [B, T] against ``cache``, which it extends.
+
+    Every decode forward of the batch curve and of both schedulers goes through here."""
+    extra = {} if attention_mask is None else {"attention_mask": attention_mask}
+    return hf.forward(model, ids, cache=cache, position_ids=positions, use_cache=True, **extra)
+
+
+def step_evidence(model, batch: int, context: int = 64, seed: int = SEED) -> dict[str, object]:
+    """:func:`decode_step` of ``batch`` rows run once under a trace: evidence that the timed step used its cache."""
+    from .evidence import traced
+
+    return traced(model, decode_step(model, batch, context, seed))[1]
 
 
 @dataclass(frozen=True)
@@ -347,11 +362,9 @@ class SlotBatch:
     """
 
     def __init__(self, model):
-        from transformers import DynamicCache
-
         self.model = model
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        self.cache = hf.new_cache(model.config)
         self.requests: list[int] = []
         self.left: list[int] = []  # tokens still to generate, per row
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, C]
@@ -399,7 +412,7 @@ class SlotBatch:
         """One decode step for every row; returns the rows whose request just finished."""
         mask = torch.cat([self.mask, self.mask.new_ones(len(self), 1)], dim=1)  # [B, C + 1]
         with torch.inference_mode():
-            out = self.model(input_ids=self.tokens[:, None], attention_mask=mask, position_ids=self.pos[:, None], cache=self.cache, use_cache=True)
+            out = step_forward(self.model, self.tokens[:, None], self.cache, self.pos[:, None], mask)
         self.tokens = out.logits[:, -1].argmax(-1)  # [B] greedy
         self.mask, self.pos = mask, self.pos + 1
         self.left = [n - 1 for n in self.left]
@@ -575,7 +588,7 @@ class PagedSlotBatch:
             view = paged_cache(self.model.config, 0, pool=self.pool, rows=[request])
             ids = torch.tensor([prompt[n:-1]], device=self.device)
             with torch.inference_mode():
-                self.model(input_ids=ids, position_ids=torch.arange(n, len(prompt) - 1, device=self.device)[None], cache=view, use_cache=True)
+                step_forward(self.model, ids, view, torch.arange(n, len(prompt) - 1, device=self.device)[None])
         self.prompts[request], self.generated[request] = prompt, []
         if row is None:
             self.requests.append(request)
@@ -599,7 +612,7 @@ class PagedSlotBatch:
         ids = torch.tensor(self.tokens, device=self.device)[:, None]  # [B, 1]
         mask, pos = self.cache.attention_mask(1), self.cache.position_ids(1)  # [B, S_max + 1], [B, 1]
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True)
+            out = step_forward(self.model, ids, self.cache, pos, mask)
         self.tokens = out.logits[:, -1].argmax(-1).tolist()  # greedy
         for r, t in zip(self.requests, self.tokens):
             self.generated[r].append(t)

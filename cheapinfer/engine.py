@@ -455,30 +455,12 @@ def step_costs(traces: Sequence[Trace], slots: int) -> tuple[dict[int, float], l
 # ----------------------------------------------------------------------------------------------
 
 
-class _CacheName:
-    """The stand-in as the suite's scheduler calls it, with the cache handed over under the name the
-    installed transformers wants (the vLLM environment pins an older transformers than the suite)."""
-
-    def __init__(self, model):
-        self.model, self.config = model, model.config
-
-    def parameters(self):
-        return self.model.parameters()
-
-    def __call__(self, **kwargs):
-        from .kv import _cache_kwargs
-
-        if "cache" in kwargs:
-            kwargs.update(_cache_kwargs(self.model, kwargs.pop("cache")))
-        return self.model(**kwargs)
-
-
 def suite_scheduler(w: Workload) -> batching.Validation:
     from . import models, timing
 
     stand_in = models.stand_in()
     with timing.cpu_threads(timing.TIMING_THREADS):
-        return batching.validate(_CacheName(stand_in.model), w.lengths, w.slots)
+        return batching.validate(stand_in.model, w.lengths, w.slots)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from . import asides, batching, budget, distill, evaluation, kv, lowbit, outliers, paging, quant, speculative
+from . import asides, batching, budget, distill, evaluation, hf, kv, lowbit, outliers, paging, quant, speculative
 from .faults import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa: F401
 
 # ------------------------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def _kv_uncached_reuses_cache():
     def reusing(model, seq):
         cache, length = kept.get(id(model), (None, -1))
         if cache is not None and length == seq.shape[1] - 1:
-            out = model(seq[:, -1:], **kv._cache_kwargs(model, cache), use_cache=True)
+            out = hf.forward(model, seq[:, -1:], cache=cache, use_cache=True)
         else:
             out = model(seq, use_cache=True)
         kept[id(model)] = (kv.returned_cache(out), seq.shape[1])
@@ -176,7 +176,12 @@ def _kv_prefill_last_token():
 def _kv_listing_alias_dropped():
     from transformers.utils import generic
 
-    with patched(generic.ModelOutput, "past_key_values", property(lambda self: None)):
+    read = generic.ModelOutput.__getattribute__
+
+    def dropped(self, name):  # 5.x: a deprecated alias property; 4.x: the dataclass field itself
+        return None if name == "past_key_values" else read(self, name)
+
+    with patched(generic.ModelOutput, "__getattribute__", dropped):
         yield
 
 

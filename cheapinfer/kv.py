@@ -18,7 +18,6 @@ Usable without pytest, e.g.::
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import math
 import re
@@ -27,8 +26,10 @@ from typing import Callable
 
 import torch
 
+from . import hf
 from .arch import QWEN25_05B, Arch
 from .accel import LivePeak, peak_above_resident  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
+from .evidence import alone_logits, relative_change
 
 GIB = 2**30
 
@@ -109,12 +110,8 @@ def macs_generate(arch: Arch, tokens: int, cached: bool) -> int:
 
 
 def meta_model(config):
-    """A transformers causal LM on the meta device: real shapes and ops, no memory, no arithmetic."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return model.eval().requires_grad_(False)
+    """A transformers causal LM on the meta device: real shapes and ops, no memory, no arithmetic (:func:`hf.meta_model`)."""
+    return hf.meta_model(config)
 
 
 def counted_macs(fn: Callable[[], object]) -> int:
@@ -134,7 +131,7 @@ def counted_step_macs(model, t: int, cached: bool) -> int:
     with torch.inference_mode():
         past = returned_cache(model(torch.zeros((1, t - 1), dtype=torch.long, device=dev), use_cache=True)) if t > 1 else None
     one = torch.zeros((1, 1), dtype=torch.long, device=dev)
-    return counted_macs(lambda: model(one, **_cache_kwargs(model, past), use_cache=True))
+    return counted_macs(lambda: hf.forward(model, one, cache=past, use_cache=True))
 
 
 def counted_generate_macs(model, tokens: int, cached: bool) -> int:
@@ -146,7 +143,7 @@ def counted_generate_macs(model, tokens: int, cached: bool) -> int:
         past = None
         for t in range(1, tokens + 1):
             if cached:
-                out = model(ids[:, -1:] if past is not None else ids, **_cache_kwargs(model, past), use_cache=True)
+                out = hf.forward(model, ids[:, -1:] if past is not None else ids, cache=past, use_cache=True)
                 past = returned_cache(out)
             else:  # a fresh cache each step, discarded: the plain forward over all t tokens
                 model(ids, use_cache=True)
@@ -193,24 +190,14 @@ def counted_degrees(model, arch: Arch, tiny_model, tiny_arch: Arch, steps_at: tu
 # ------------------------------------------------------------------------------------------------
 
 
-def _cache_kwargs(model, past) -> dict:
-    """Hand the cache back under the name the installed transformers wants (``cache`` since 5.x,
-    ``past_key_values`` before): the suite's own loops do not trip the deprecation the chapter's
-    listing does (KV-API checks the listing's spelling separately)."""
-    if past is None:
-        return {}
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: past}
-
-
 def cached_forward(model, new_ids: torch.Tensor, past):
     """One decode forward: the new token(s) [B, 1] against the cache ``past``, which it extends in place."""
-    return model(new_ids, **_cache_kwargs(model, past), use_cache=True)
+    return hf.forward(model, new_ids, cache=past, use_cache=True)
 
 
 def returned_cache(out):
-    """The cache a forward returned: ``out.cache`` since transformers 5.x, ``out.past_key_values`` before."""
-    return out["cache"] if "cache" in out else out.past_key_values
+    """The cache a forward returned (:func:`hf.output_cache`)."""
+    return hf.output_cache(out)
 
 
 @torch.inference_mode()
@@ -222,7 +209,7 @@ def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[
     ``cache``: an empty transformers cache to fill (e.g. :func:`cheapinfer.paging.paged_cache`);
     default: the model's own.
     """
-    out = model(ids, **_cache_kwargs(model, cache), use_cache=True)
+    out = hf.forward(model, ids, cache=cache, use_cache=True)
     past, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)  # nxt: [1, 1]
     del out
     tokens = [nxt]
@@ -353,7 +340,7 @@ def listing_api(model, ids: torch.Tensor, new_tokens: int) -> dict[str, object]:
     argument_msgs: list[str] = []
     nxt = first.logits[:, -1:].argmax(-1)
     with deprecations(argument_msgs):
-        model(nxt, past_key_values=_output_cache(first), use_cache=True)
+        model(nxt, past_key_values=hf.output_cache(first), use_cache=True)  # the listing's spelling, on purpose
     out["cache_attribute"] = _current_name("past_key_values", attribute_msgs)
     out["cache_argument"] = _current_name("past_key_values", argument_msgs)
     replacement_msgs: list[str] = []
@@ -413,11 +400,9 @@ def random_cache(config, context: int, dtype: torch.dtype, device: torch.device 
     A decode step's cost does not depend on the cached values, only on their number; this builds a
     long context without paying for its prefill.
     """
-    from transformers import DynamicCache
-
     g = torch.Generator().manual_seed(seed)
     heads, head_dim = config.num_key_value_heads, config_head_dim(config)
-    cache = DynamicCache(config=config)
+    cache = hf.new_cache(config)
     for layer in range(config.num_hidden_layers):
         k, v = (torch.randn(batch, heads, context, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(2))  # [B, H, S, D]
         cache.update(k, v, layer)
@@ -444,51 +429,6 @@ def decode_step(model, cache, context: int) -> Callable[[], object]:
 # back is, and the logits, which are compared with a cache-less forward of the same token alone.
 
 
-def _cache_length(cache) -> int:
-    return 0 if cache is None else int(cache.get_seq_length())
-
-
-def _output_cache(out):
-    """The cache a forward returned, or None (``cache`` since transformers 5.x, ``past_key_values`` before),
-    read without tripping the old name's deprecation."""
-    fields = getattr(out, "__dataclass_fields__", {})
-    for name in ("cache", "past_key_values"):
-        if name in fields:
-            return getattr(out, name)
-    return None
-
-
-class ForwardTrace:
-    """Records every forward of ``model`` inside the block: tokens fed, cache length in and out, the
-    last position's logits (fp32, on the CPU) and the last token fed."""
-
-    def __init__(self, model):
-        self.model = model
-        self.forwards: list[dict] = []
-        self._pending: dict = {}
-        self._handles: list = []
-
-    def _pre(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        past = next((kwargs[k] for k in ("cache", "past_key_values") if kwargs.get(k) is not None), None)
-        self._pending = {"tokens_in": int(ids.shape[-1]), "cache_in": _cache_length(past), "last_id": ids[:, -1:].clone()}
-
-    def _post(self, module, args, kwargs, out):
-        rec = self._pending
-        rec["cache_out"] = _cache_length(_output_cache(out))
-        rec["logits"] = out.logits[:, -1].detach().float().cpu()
-        self.forwards.append(rec)
-
-    def __enter__(self) -> "ForwardTrace":
-        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         self.model.register_forward_hook(self._post, with_kwargs=True)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-
-
 @torch.inference_mode()
 def cache_evidence(model, decode: list[dict], context: int) -> dict[str, object]:
     """What the traced decode forwards show about the cache, starting from ``context`` cached tokens.
@@ -503,8 +443,8 @@ def cache_evidence(model, decode: list[dict], context: int) -> dict[str, object]
     for rec in decode:
         grows &= rec["tokens_in"] == 1 and rec["cache_in"] == expected and expected > 0 and rec["cache_out"] == expected + 1
         expected = rec["cache_out"]
-        alone = model(rec["last_id"].to(next(model.parameters()).device), use_cache=False).logits[:, -1].float().cpu()
-        gaps.append(((rec["logits"] - alone).abs().max() / alone.abs().max().clamp_min(1e-30)).item())
+        if "logits" in rec:
+            gaps.append(float(relative_change(rec["logits"], alone_logits(model, rec["ids"])).max()))
     return {"cache_grows_by_one": grows, "logit_change_vs_no_context": min(gaps) if gaps else float("nan"), "decode_steps_traced": len(decode)}
 
 
@@ -512,7 +452,7 @@ def generation_evidence(model, ids: torch.Tensor, new_tokens: int, generate: Cal
     """Run ``generate`` (default :func:`greedy_cached`, looked up at call time) for ``new_tokens`` under a
     trace; the prefill is the first forward, every later one a decode step (:func:`cache_evidence`)."""
     generate = generate or greedy_cached
-    with ForwardTrace(model) as trace:
+    with hf.ForwardTrace(model, keep_logits=new_tokens) as trace:
         generate(model, ids, new_tokens)
     first = trace.forwards[0] if trace.forwards else {"cache_out": 0}
     return cache_evidence(model, trace.forwards[1:], first["cache_out"])
@@ -521,7 +461,7 @@ def generation_evidence(model, ids: torch.Tensor, new_tokens: int, generate: Cal
 def decode_step_evidence(model, cache, context: int) -> dict[str, object]:
     """Run :func:`decode_step` once under a trace (the same step the timings repeat)."""
     step = decode_step(model, cache, context)
-    with ForwardTrace(model) as trace:
+    with hf.ForwardTrace(model) as trace:
         step()
     return cache_evidence(model, trace.forwards, context)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import SEED, artifacts
+from . import SEED, artifacts, hf
 from .arch import BOOK_REPOS, QWEN25_05B, qwen2_config
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -77,12 +77,9 @@ def _eager(model):
 
 def twin(dtype: str = "fp32", device: str | torch.device = "cpu", seed: int = SEED, **config_overrides) -> Profile:
     """The book's architecture with seeded random weights (transformers' own initialisation)."""
-    from transformers import AutoModelForCausalLM
-
     config = qwen2_config(QWEN25_05B, **config_overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model = _eager(model.to(device=device, dtype=DTYPES[dtype]))
+    model = _eager(hf.from_config(config).to(device=device, dtype=DTYPES[dtype]))
     return Profile("twin", model, None, f"random weights, seed {seed}, {dtype}", {"arch": QWEN25_05B.name})
 
 
@@ -95,14 +92,34 @@ def library_versions() -> dict[str, str]:
     return {"transformers": transformers.__version__, "gguf": version("gguf"), "torch": torch.__version__}
 
 
+#: The conversion's own recipe: raised when what :func:`convert_stand_in` writes changes, so that an older
+#: conversion is never read as this one. 2: the tokenizer's conventions pinned from the GGUF's metadata.
+RECIPE = 2
+
+
 def converted_dir(versions: dict[str, str] | None = None) -> Path:
-    """Where the stand-in converted by these library versions lives: one folder per set of versions.
+    """Where the stand-in converted by these library versions lives: one folder per set of versions (and recipe).
 
     A conversion by transformers 5.x names tokenizer classes that 4.x does not know, so the pinned and
     the other tox environments must never read each other's conversion.
     """
     versions = versions or library_versions()
-    return artifacts.cache_dir() / "converted" / artifacts.STAND_IN.key / "_".join(f"{k}-{v}" for k, v in versions.items())
+    name = "_".join(f"{k}-{v}" for k, v in versions.items()) + f"_recipe-{RECIPE}"
+    return artifacts.cache_dir() / "converted" / artifacts.STAND_IN.key / name
+
+
+def gguf_tokenizer_conventions(path: Path) -> dict[str, object]:
+    """The tokenizer conventions a GGUF file states in its own metadata (``tokenizer.ggml.*``): does its
+    tokenizer prepend BOS, and which ids are BOS, EOS and padding."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+
+    def value(key: str, default=None):
+        return fields[key].contents() if key in fields else default
+
+    return {"add_bos": bool(value("tokenizer.ggml.add_bos_token", False)), "bos_id": value("tokenizer.ggml.bos_token_id"),
+            "eos_id": value("tokenizer.ggml.eos_token_id"), "pad_id": value("tokenizer.ggml.padding_token_id")}
 
 
 _CONVERTED = "the converted stand-in"
@@ -120,25 +137,34 @@ def convert_stand_in() -> Path:
     out = converted_dir(versions)
     if out.exists():
         made = artifacts.check_manifest(out, _CONVERTED)
-        if made.get("gguf_sha256") == artifacts.STAND_IN.member_sha256 and made.get("versions") == versions:
+        if made.get("gguf_sha256") == artifacts.STAND_IN.member_sha256 and made.get("versions") == versions and made.get("recipe") == RECIPE:
             return out
         raise artifacts.ArtifactError(
-            f"{out / artifacts.MANIFEST}: {_CONVERTED} was made from GGUF {made.get('gguf_sha256')} with {made.get('versions')}, "
-            f"not from the pinned {artifacts.STAND_IN.member_sha256} with {versions}; nothing in {out} is used. "
+            f"{out / artifacts.MANIFEST}: {_CONVERTED} was made from GGUF {made.get('gguf_sha256')} with {made.get('versions')} "
+            f"(recipe {made.get('recipe', 1)}), not from the pinned {artifacts.STAND_IN.member_sha256} with {versions} (recipe {RECIPE}); "
+            f"nothing in {out} is used. "
             f"Delete {out} and run `{artifacts.FETCH_COMMAND}` to convert it again."
         )
     gguf = artifacts.fetch(artifacts.STAND_IN)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # Whether the tokenizer prepends BOS, and which tokens end and pad a sequence, is the GGUF's to say, not the
+    # release's converter's (4.x prepends BOS and takes <|im_start|> for EOS here; 5.x follows the metadata).
+    conventions = gguf_tokenizer_conventions(gguf)
+    tokenizer = hf.pin_tokenizer(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), **conventions)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = type(model.config).from_dict({k: v for k, v in model.config.to_dict().items() if k != "quantization_config"})
-    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for key, value in (("bos_token_id", conventions["bos_id"]), ("eos_token_id", conventions["eos_id"]), ("pad_token_id", conventions["pad_id"])):
+        setattr(config, key, value)
+    clean = hf.from_config(config)
     clean.load_state_dict(model.state_dict())
+    for key, value in (("bos_token_id", conventions["bos_id"]), ("eos_token_id", conventions["eos_id"]), ("pad_token_id", conventions["pad_id"])):
+        setattr(clean.generation_config, key, value)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".", suffix=".part"))
     try:
         clean.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        artifacts.record_manifest(tmp, gguf_sha256=artifacts.STAND_IN.member_sha256, source=artifacts.STAND_IN.requirement, versions=versions)
+        artifacts.record_manifest(tmp, gguf_sha256=artifacts.STAND_IN.member_sha256, source=artifacts.STAND_IN.requirement, versions=versions,
+                                  recipe=RECIPE, tokenizer=conventions)
         tmp.rename(out)
     except OSError:
         if not out.exists():
@@ -160,6 +186,13 @@ def stand_in(device: str | torch.device = "cpu", dtype: str = "fp32") -> Profile
     path = convert_stand_in()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     tokenizer = AutoTokenizer.from_pretrained(path)
+    pinned = json.loads((path / artifacts.MANIFEST).read_text(encoding="utf-8")).get("tokenizer", {})  # checked by convert_stand_in
+    got = hf.tokenizer_conventions(tokenizer)
+    want = {"adds_bos": pinned.get("add_bos"), "adds_eos": False, "bos_token_id": pinned.get("bos_id"),
+            "eos_token_id": pinned.get("eos_id"), "pad_token_id": pinned.get("pad_id")}
+    if got != want:
+        raise artifacts.ArtifactError(f"{path}: the stand-in's tokenizer does not follow the conventions its conversion pinned "
+                                      f"({got}, not {want}); delete {path} and run `{artifacts.FETCH_COMMAND}` to convert it again")
     return Profile("stand-in", _eager(model.to(device)), tokenizer, f"{artifacts.STAND_IN.requirement} ({artifacts.STAND_IN.description})")
 
 

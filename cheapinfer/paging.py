@@ -25,6 +25,8 @@ from typing import Sequence
 
 import torch
 
+from . import hf
+
 
 class OutOfBlocks(RuntimeError):
     """The pool has no free block left."""
@@ -227,12 +229,6 @@ def run_waste(snapshots: Sequence[dict], reserved_per_slot: int, block_size: int
 # ----------------------------------------------------------------------------------------------
 
 
-def _cache_classes():
-    from transformers.cache_utils import Cache, CacheLayerMixin
-
-    return Cache, CacheLayerMixin
-
-
 def _model_dims(config) -> tuple[int, int, int]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return config.num_hidden_layers, config.num_key_value_heads, head_dim
@@ -244,10 +240,10 @@ def paged_cache(config, num_blocks: int, block_size: int = 16, dtype: torch.dtyp
     Batch row ``b`` of the model's inputs is sequence ``rows[b]`` of the pool (default: one new
     sequence, ``0``). Pass ``pool`` to give several caches (views on different rows) one pool.
     """
-    Cache, CacheLayerMixin = _cache_classes()
+    Cache, Layer = hf.cache_bases()
     layers, kv_heads, head_dim = _model_dims(config)
 
-    class PagedLayer(CacheLayerMixin):
+    class PagedLayer(Layer):
         """One decoder layer's view of the pool. Row lengths come from the pool's shared tables."""
 
         is_sliding = False
@@ -268,11 +264,8 @@ def paged_cache(config, num_blocks: int, block_size: int = 16, dtype: torch.dtyp
         def get_seq_length(self) -> int:
             return self.owner.get_seq_length()
 
-        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        def mask_sizes(self, query_length: int) -> tuple[int, int]:
             return self.owner.get_seq_length() + query_length, 0
-
-        def get_max_length(self) -> int:
-            return -1
 
         def crop(self, tokens_to_remove: int) -> None:
             if self.index == 0:

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from . import hf
 from .evaluation import greedy
 
 # ------------------------------------------------------------------------------------------------
@@ -169,24 +170,20 @@ def acceptance_rate(runs: Sequence[Run]) -> float:
 
 
 def _new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
+    return hf.new_cache(model.config)
 
 
 def _forward(model, tokens: Sequence[int], cache, keep: int) -> torch.Tensor:
-    """Feed ``tokens`` after what ``cache`` holds; the argmax at the last ``keep`` positions. ``[keep]``"""
+    """Feed ``tokens`` after what ``cache`` holds; the argmax at the last ``keep`` positions. ``[keep]``
+
+    Every pass of the loop, the draft's and the target's (the verification pass), goes through here."""
     device = next(model.parameters()).device
     ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # [1, n]
-    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
+    out = hf.forward(model, ids, cache=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0, -keep:].argmax(-1).cpu()  # [keep]
 
 
-def _crop_to(cache, length: int) -> None:
-    """Keep the first ``length`` positions of ``cache`` (``Cache.crop`` takes minus the number to remove)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
+_crop_to = hf.crop
 
 
 def _eos_ids(model) -> set[int]:
@@ -262,7 +259,7 @@ def verify_callables(model, context: int, widths: Sequence[int], seed: int) -> d
     device = next(model.parameters()).device
     cache = _new_cache(model)
     with torch.no_grad():
-        model(input_ids=torch.randint(vocab, (1, context), generator=g).to(device), cache=cache, use_cache=True, logits_to_keep=1)
+        _forward(model, torch.randint(vocab, (context,), generator=g).tolist(), cache, 1)
     fresh = {k: torch.randint(vocab, (k,), generator=g).tolist() for k in widths}
 
     def make(k: int) -> Callable[[], object]:

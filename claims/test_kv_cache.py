@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from cheapinfer import accel, kv
+from cheapinfer import accel, hf, kv
 from cheapinfer.arch import QWEN25_05B, Arch, qwen2_config
 from fixtures.plugin import on_profiles
 
@@ -33,10 +33,8 @@ def _tiny_arch(layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int
 
 
 def _tiny_model(arch: Arch, dtype=torch.float32):
-    from transformers import AutoModelForCausalLM
-
     config = qwen2_config(arch, head_dim=arch.head_dim, bos_token_id=0, eos_token_id=1, attn_implementation="eager")
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(dtype).eval()
+    return hf.from_config(config).to(dtype)
 
 
 def _twin_on_meta(dtype=torch.float16, **overrides):

@@ -79,10 +79,10 @@ def test_describe_cpu_says_no_gpu_and_names_the_attention_kernel():
 
 
 def test_decode_bytes_are_the_weights_and_the_caches_the_step_reads():
-    from transformers import AutoModelForCausalLM
+    from cheapinfer import hf
 
     config = qwen2_config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = hf.from_config(config)
     batch, context = 3, 10
     cache = kv.random_cache(model.config, context, torch.float32, CPU, batch=batch)
     weights = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())

@@ -97,7 +97,18 @@ def test_each_set_of_library_versions_gets_its_own_conversion(temp_cache):
     pinned = models.converted_dir({"transformers": "5.24.0", "gguf": "0.19.0", "torch": "2.13.0"})
     oldest = models.converted_dir({"transformers": "4.57.6", "gguf": "0.19.0", "torch": "2.13.0"})
     assert pinned != oldest and pinned.parent == oldest.parent
-    assert models.converted_dir() == pinned.parent / "_".join(f"{k}-{v}" for k, v in models.library_versions().items())
+    assert models.converted_dir() == pinned.parent / ("_".join(f"{k}-{v}" for k, v in models.library_versions().items()) + f"_recipe-{models.RECIPE}")
+
+
+def test_a_conversion_by_an_older_recipe_is_refused(real_conversion, temp_cache):
+    """A conversion made before the tokenizer's conventions were pinned is not read as one made after."""
+    folder = _copy_conversion(real_conversion, temp_cache)
+    manifest = json.loads((folder / artifacts.MANIFEST).read_text())
+    manifest["recipe"] = models.RECIPE - 1
+    (folder / artifacts.MANIFEST).unlink()  # hard-linked to the real conversion's
+    (folder / artifacts.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(artifacts.ArtifactError, match=f"recipe {models.RECIPE - 1}"):
+        models.convert_stand_in()
 
 
 def test_a_corrupt_conversion_is_not_run_with_the_file_named_and_no_claim_judged(real_conversion, temp_cache, tmp_path):

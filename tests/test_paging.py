@@ -2,15 +2,13 @@
 
 import pytest
 import torch
-from transformers import DynamicCache
-
-from cheapinfer import kv, paging, timing
+from cheapinfer import hf, kv, paging, timing
 
 NEW_TOKENS = 8
 
 
 def _generate(model, ids, cache, new_tokens):
-    return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, past_key_values=cache, pad_token_id=0)
+    return hf.generate(model, ids, cache=cache, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
 
 
 @pytest.mark.parametrize(("which", "new_tokens"), [("twin", 4), ("stand-in", NEW_TOKENS)])  # the twin's step is 4x the stand-in's
@@ -20,7 +18,7 @@ def test_generate_on_the_paged_cache_equals_dynamic_cache(which, new_tokens, req
     model = profile.model
     ids = torch.randint(0, 1000, (1, 5), generator=torch.Generator().manual_seed(0)).to(profile.device)
     with timing.cpu_threads():
-        want = _generate(model, ids, DynamicCache(config=model.config), new_tokens)
+        want = _generate(model, ids, hf.new_cache(model.config), new_tokens)
         cache = paging.paged_cache(model.config, num_blocks=8, block_size=4, dtype=profile.dtype, device=profile.device)
         got = _generate(model, ids, cache, new_tokens)
     assert torch.equal(got, want)

@@ -1,0 +1,94 @@
+"""Evidence that a measured loop used its KV cache, read from the model's forwards.
+
+A loop that silently drops its cache still runs, and often runs fast: a decode step then sees only
+its own token. Its timings, tokens per second and batch curves look like a measurement of a cached
+loop, and a claim built on them stays green. Every loop that claims to use a cache therefore runs
+(at least once, outside its clock) under :class:`cheapinfer.hf.ForwardTrace`, and this module turns
+what the trace saw into measured conditions for the claim's verdict:
+
+- ``forwards_without_cache``: forwards handed no cache object at all (under either keyword). A
+  loop that uses a cache hands one over at every forward; a dropped keyword shows up here.
+- ``cache_grows_by_fed``: every forward that was handed a cache returned it holding exactly the
+  tokens it held before plus the positions fed. A cache handed over under a name the model does
+  not know is swallowed, and the model returns a fresh cache holding only the positions fed.
+- ``logit_change_vs_no_context``: over the traced forwards that were handed a non-empty cache, the
+  smallest of max|logits - logits alone| / max|logits alone| (per forward, the largest over its
+  batch rows), where "alone" is a cache-less forward of the same ids by themselves. A forward that
+  ignores its history computes exactly that (0); attending to a cached context changes every
+  layer's attention output (O(1)). Rows with no history of their own (a request admitted this
+  step) compute "alone" legitimately, hence the largest over rows.
+- ``forwards_with_history``: forwards that were handed a non-empty cache (a loop with a history
+  has at least one).
+
+``logit_change_vs_no_context`` is checked against 0.01 in the registry: above the rounding of two
+half-precision forwards of the same tokens (~4e-3 relative), far below an O(1) change.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from .hf import ForwardTrace
+
+#: The condition every claim built on a cached loop asserts: names of the measured values.
+CONDITIONS = ("forwards_without_cache", "cache_grows_by_fed", "logit_change_vs_no_context", "forwards_with_history")
+
+
+def alone_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """Last-position logits of a cache-less forward of ``ids`` [B, T] by themselves: ``[B, V]`` fp32 on the CPU."""
+    with torch.inference_mode():
+        return model(input_ids=ids.to(next(model.parameters()).device), use_cache=False).logits[:, -1].float().cpu()
+
+
+def relative_change(logits: torch.Tensor, alone: torch.Tensor) -> torch.Tensor:
+    """Per row: max|logits - alone| / max|alone|. ``[B]``"""
+    return (logits - alone).abs().amax(-1) / alone.abs().amax(-1).clamp_min(1e-30)
+
+
+def cache_use(model, forwards: list[dict]) -> dict[str, object]:
+    """The measured conditions of cache use (module doc) from the records of a :class:`ForwardTrace`."""
+    handed = [r for r in forwards if r.get("handed_cache")]
+    with_history = [r for r in handed if r["cache_in"] > 0]
+    changes = [float(relative_change(r["logits"], alone_logits(model, r["ids"])).max()) for r in with_history if "logits" in r]
+    return {
+        "forwards_traced": len(forwards),
+        "forwards_without_cache": len(forwards) - len(handed),
+        "forwards_with_history": len(with_history),
+        "cache_grows_by_fed": bool(handed) and all(r["cache_out"] == r["cache_in"] + r["tokens_in"] for r in handed),
+        "logit_change_vs_no_context": min(changes) if changes else math.nan,
+    }
+
+
+def traced(model, run: Callable[[], object], keep_logits: int = 4) -> tuple[object, dict[str, object]]:
+    """``run()`` under a trace of ``model``'s forwards: (its result, :func:`cache_use` of what the trace saw)."""
+    with ForwardTrace(model, keep_logits) as trace:
+        result = run()
+    return result, cache_use(model, trace.forwards)
+
+
+def combine(*evidence: dict[str, object]) -> dict[str, object]:
+    """Several loops' evidence as one: counts add up, the conditions must hold in every loop."""
+    changes = [e["logit_change_vs_no_context"] for e in evidence]
+    return {
+        "forwards_traced": sum(e["forwards_traced"] for e in evidence),
+        "forwards_without_cache": sum(e["forwards_without_cache"] for e in evidence),
+        "forwards_with_history": min(e["forwards_with_history"] for e in evidence) if evidence else 0,
+        "cache_grows_by_fed": bool(evidence) and all(e["cache_grows_by_fed"] for e in evidence),
+        "logit_change_vs_no_context": math.nan if any(math.isnan(c) for c in changes) or not changes else min(changes),
+    }
+
+
+def conditions(evidence: dict[str, object]) -> dict[str, object]:
+    """The measured values a claim hands to its verdict (:data:`CONDITIONS`)."""
+    return {k: evidence[k] for k in CONDITIONS}
+
+
+def describe(evidence: dict[str, object]) -> str:
+    """One line for the report."""
+    return (f"{evidence['forwards_traced']} forwards traced: {evidence['forwards_without_cache']} handed no cache, "
+            f"{evidence['forwards_with_history']} against a non-empty one; the cache grew by the positions fed: "
+            f"{evidence['cache_grows_by_fed']}; smallest relative logit change against a cache-less forward of the same ids: "
+            f"{evidence['logit_change_vs_no_context']:.3g}")

@@ -1,0 +1,128 @@
+"""The one place that speaks to transformers: no other code hands a model its cache directly."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from cheapinfer import hf
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE_KEYWORDS = set(hf.CACHE_NAMES)
+#: Functions that run the chapter's listing exactly as printed (``past_key_values=``): KV-API measures that spelling.
+LISTING = {("cheapinfer/kv.py", "listing_continuation"), ("cheapinfer/kv.py", "listing_api")}
+
+
+def _sources() -> list[Path]:
+    folders = ("cheapinfer", "fixtures", "claims", "tests")
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py") if p != ROOT / "cheapinfer" / "hf.py")
+
+
+def _suite_functions_taking_a_cache() -> set[str]:
+    """Names of the suite's own functions with a parameter called like a cache keyword (calls to them hand a cache to the suite,
+    not to a model), except the names of a model's own methods: ``x.forward(cache=)`` and ``x.generate(cache=)`` are model calls."""
+    names = set()
+    for path in (ROOT / "cheapinfer").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                params = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                if CACHE_KEYWORDS & set(params):
+                    names.add(node.name)
+    return names - {"forward", "generate", "__call__"}
+
+
+def _direct_cache_keywords(path: Path, allowed: set[str], root: Path = ROOT) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    rel = path.relative_to(root).as_posix()
+    listing = {id(n) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and (rel, fn.name) in LISTING for n in ast.walk(fn)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and id(node) not in listing:
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(node.func, ast.Name) else ""
+            owner = node.func.value.id if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) else ""
+            for kw in node.keywords:
+                if kw.arg in CACHE_KEYWORDS and not (owner == "hf" or (kw.arg == "cache" and callee in allowed)):
+                    found.append(f"{rel}:{node.lineno}: {ast.unparse(node.func)}(..., {kw.arg}=...)")
+    return sorted(set(found))
+
+
+def test_no_module_hands_a_model_its_cache_directly():
+    """Every model call with a cache goes through cheapinfer.hf (forward, generate): the keyword differs between transformers releases."""
+    allowed = _suite_functions_taking_a_cache()
+    offenders = [line for path in _sources() for line in _direct_cache_keywords(path, allowed)]
+    assert not offenders, "hand the cache over through cheapinfer.hf.forward / hf.generate:\n" + "\n".join(offenders)
+
+
+def test_the_keyword_check_sees_a_direct_cache_keyword(tmp_path):
+    """The source check itself: a model called with cache= or past_key_values= is found; hf.forward(..., cache=) is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def step(model, ids, c):\n    model(input_ids=ids, cache=c)\n    self.model(ids, past_key_values=c)\n    hf.forward(model, ids, cache=c)\n"
+                   "    model.generate(ids, cache=c)\n    kv.greedy_cached(model, ids, 4, cache=c)\n")
+    found = _direct_cache_keywords(bad, _suite_functions_taking_a_cache(), tmp_path)
+    assert [f.split(": ", 1)[1] for f in found] == ["model(..., cache=...)", "self.model(..., past_key_values=...)", "model.generate(..., cache=...)"]
+
+
+def _tiny(layers: int = 2):
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=97, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return hf.from_config(config)
+
+
+def test_forward_hands_the_cache_under_the_installed_name_and_it_is_used():
+    """A decode step through hf.forward extends the cache it is handed and continues the sequence as a full forward does."""
+    model = _tiny()
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(1))
+    cache = hf.new_cache(model.config)
+    with torch.inference_mode():
+        hf.forward(model, ids[:, :5], cache=cache, use_cache=True)
+        step = hf.forward(model, ids[:, 5:], cache=cache, use_cache=True)
+        full = model(input_ids=ids, use_cache=False)
+    assert hf.cache_length(cache) == 6 and hf.output_cache(step) is cache
+    torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["no cache handed over", "cache handed over but dropped"])
+def test_the_trace_notices_a_step_that_did_not_use_its_cache(how, monkeypatch):
+    """What the 4.x regression looked like (a cache keyword the forward does not know is swallowed), seen from outside."""
+    from cheapinfer import evidence
+
+    model = _tiny()
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(2))
+    cache = hf.new_cache(model.config)
+    with torch.inference_mode():
+        hf.forward(model, ids[:, :4], cache=cache, use_cache=True)
+        good = evidence.traced(model, lambda: hf.forward(model, ids[:, 4:], cache=cache, use_cache=True))[1]
+        hf.crop(cache, 4)
+        if how == "no cache handed over":
+            bad = evidence.traced(model, lambda: model(input_ids=ids[:, 4:], use_cache=True))[1]
+        else:  # the hooks see the cache handed in; the forward behind them never gets it
+            real = model.forward
+            monkeypatch.setattr(model, "forward", lambda *a, **k: real(*a, **{n: v for n, v in k.items() if n not in hf.CACHE_NAMES}))
+            bad = evidence.traced(model, lambda: hf.forward(model, ids[:, 4:], cache=cache, use_cache=True))[1]
+    assert good["forwards_without_cache"] == 0 and good["cache_grows_by_fed"] and good["logit_change_vs_no_context"] > 0.01
+    if how == "no cache handed over":
+        assert bad["forwards_without_cache"] == 1
+    else:
+        assert bad["forwards_without_cache"] == 0 and not bad["cache_grows_by_fed"]
+
+
+def test_meta_model_runs_a_forward_on_the_meta_device():
+    """Shapes without memory or arithmetic, on every supported transformers (4.x computes RoPE under autocast, which has no meta device)."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=97)
+    model = hf.meta_model(config)
+    with torch.inference_mode():
+        out = model(input_ids=torch.zeros((2, 3), dtype=torch.long, device="meta"), use_cache=True)
+    assert out.logits.shape == (2, 3, 97) and hf.cache_length(hf.output_cache(out)) == 3
+
+
+def test_pinned_tokenizer_conventions_are_read_back(stand_in):
+    """The stand-in's tokenizer follows what its GGUF states (no BOS prepended, EOS and padding <|im_end|>), on every release."""
+    got = hf.tokenizer_conventions(stand_in.tokenizer)
+    assert got == {"adds_bos": False, "adds_eos": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+    assert stand_in.model.generation_config.eos_token_id == 2
