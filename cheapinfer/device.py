@@ -115,9 +115,17 @@ def _environment(device: str) -> dict[str, str]:
         "timing_threads_cpu": str(_timing_threads()),
         **describe(device),  # gpu, its memory and compute capability, driver, CUDA, cuDNN, attention kernel
     }
-    for dist in ("torch", "transformers", "bitsandbytes", "gguf", "accelerate", "numpy", "scipy", "pytest-benchmark", "hypothesis"):
-        env[dist] = _version(dist)
+    env.update(library_versions())
     return env
+
+
+#: The libraries whose versions a run records (and an erratum may be limited to).
+LIBRARIES = ("torch", "transformers", "bitsandbytes", "gguf", "accelerate", "numpy", "scipy", "pytest-benchmark", "hypothesis")
+
+
+def library_versions() -> dict[str, str]:
+    """Installed version of each of :data:`LIBRARIES` ("not installed" where absent)."""
+    return {dist: _version(dist) for dist in LIBRARIES}
 
 
 def map_untimed(fn: Callable[[T], R], items: Sequence[T], device: torch.device | str, workers: int | None = None) -> list[R]:

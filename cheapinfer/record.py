@@ -67,9 +67,12 @@ class Result:
 
 
 class Recorder:
-    def __init__(self, perturb: Iterable[str] = ()):
+    """``versions``: the installed library versions (``device.environment()``), for errata that hold on some releases only."""
+
+    def __init__(self, perturb: Iterable[str] = (), versions: dict[str, str] | None = None):
         self.results: list[Result] = []
         self.perturb = set(perturb)
+        self.versions = versions
         self.started = time.time()
 
     def verify(self, claim_id: str, profile: str, device: str, measured: dict[str, Any], **extra: Any) -> tuple[Result, registry.Judgement]:
@@ -77,7 +80,7 @@ class Recorder:
         measured = jsonable(measured)
         if claim_id in self.perturb:
             claim = registry.perturb(claim, measured)
-        judged = registry.judge(claim, measured, profile, device)
+        judged = registry.judge(claim, measured, profile, device, self.versions)
         result = Result(
             claim=claim_id,
             profile=profile,

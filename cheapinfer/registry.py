@@ -19,9 +19,11 @@ prints. Each claim holds:
 - ``erratum`` (optional): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
   bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
   would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
-  and the ``profiles`` where it is confirmed.
+  and the ``profiles`` where it is confirmed. An erratum about a library's API says in ``applies`` on which
+  releases it holds (``{ transformers = ">=5" }``, PEP 440 specifiers); elsewhere the claim is judged
+  without it.
 
-The verdict is a pure function of (measured values, claim, profile, device): :func:`judge`. A
+The verdict is a pure function of (measured values, claim, profile, device, library versions): :func:`judge`. A
 non-finite or missing measurement fails every check that reads it. :func:`perturb` moves a book value
 (or a shape bound) beyond its tolerance: it proves the comparator, and ``--perturb ID`` shows a claim
 turning red; that a *measurement* can fail is shown by the fault catalogue (``cheapinfer.faults``).
@@ -129,6 +131,22 @@ class Erratum:
     stands_on: tuple[str, ...]  # the printed book values the erratum rests on
     profiles: tuple[str, ...]  # where it is confirmed; elsewhere (the book profile) a failure stays `deviates`
     reader: str = ""  # what a reader should do instead (e.g. the replacement call)
+    applies: Mapping[str, str] = field(default_factory=dict)  # library -> PEP 440 specifier of the releases it holds on ({}: all)
+
+    def applies_to(self, versions: Mapping[str, str] | None) -> bool:
+        """Whether the erratum holds for these library versions (unknown versions: it does)."""
+        if not self.applies or versions is None:
+            return True
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        for library, spec in self.applies.items():
+            try:
+                if Version(str(versions.get(library, "")).split("+")[0]) not in SpecifierSet(spec):
+                    return False
+            except InvalidVersion:
+                return True  # a version this cannot read: judge as documented, and the record shows the version
+        return True
 
 
 @dataclass(frozen=True)
@@ -265,9 +283,19 @@ def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ..
     for p in raw["profiles"]:
         if p not in PROFILES:
             raise RegistryError(f"{claim_id}: erratum names unknown profile {p!r}")
+    applies = raw.get("applies", {})
+    if not isinstance(applies, Mapping) or not all(isinstance(v, str) for v in applies.values()):
+        raise RegistryError(f"{claim_id}: erratum 'applies' must map library names to version specifiers")
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    for library, spec in applies.items():
+        try:
+            SpecifierSet(spec)
+        except InvalidSpecifier:
+            raise RegistryError(f"{claim_id}: erratum applies to {library} {spec!r}, which is no version specifier") from None
     return Erratum(
         says=raw["says"], holds=raw["holds"], assumption=raw["assumption"], fails=tuple(raw["fails"]),
-        stands_on=tuple(raw["stands_on"]), profiles=tuple(raw["profiles"]), reader=raw.get("reader", ""),
+        stands_on=tuple(raw["stands_on"]), profiles=tuple(raw["profiles"]), reader=raw.get("reader", ""), applies=dict(applies),
     )
 
 
@@ -360,7 +388,7 @@ def _passes(check: Check, measured: Any, target: Any) -> bool:
     return abs(measured - target) <= check.tol
 
 
-def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str = "cpu") -> Judgement:
+def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str = "cpu", versions: Mapping[str, str] | None = None) -> Judgement:
     """Verdict of one measurement of ``claim`` on ``profile``.
 
     Shape checks are asserted on every profile; digits checks only on the claim's ``digits_on``
@@ -370,11 +398,12 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
     Where the claim has a confirmed erratum for ``profile``: the verdict is ``erratum`` when exactly
     the documented checks fail and every other asserted check passes; it is ``deviates`` when another
     check fails, or when a documented check passes (the book's digits reproduce: the erratum is stale,
-    as a strict xfail that passes).
+    as a strict xfail that passes). An erratum that ``applies`` only to some library releases is left out
+    where ``versions`` (library -> installed version) are others: there the book's digits are asserted.
     """
     outcomes = []
     digits_here = profile in claim.digits_on
-    erratum = claim.erratum if claim.erratum and profile in claim.erratum.profiles else None
+    erratum = claim.erratum if claim.erratum and profile in claim.erratum.profiles and claim.erratum.applies_to(versions) else None
     for check in claim.checks:
         target = check.bound if check.kind == "shape" else claim.book[check.q]
         asserted = check.kind == "shape" or digits_here

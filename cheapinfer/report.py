@@ -57,8 +57,11 @@ def _source_spec(src: registry.Source) -> dict[str, Any]:
 def _erratum_spec(e: registry.Erratum | None) -> dict[str, Any] | None:
     if e is None:
         return None
-    return {"says": e.says, "holds": e.holds, "assumption": e.assumption, "fails": list(e.fails),
+    spec = {"says": e.says, "holds": e.holds, "assumption": e.assumption, "fails": list(e.fails),
             "stands_on": list(e.stands_on), "profiles": list(e.profiles), "reader": e.reader}
+    if e.applies:
+        spec["applies"] = dict(e.applies)
+    return spec
 
 
 def build(
@@ -325,6 +328,10 @@ def _confirmed_lines(record: dict[str, Any]) -> list[str]:
         lines.append(f"- **Under which assumption the book's number would hold:** {e['assumption']}")
         if e.get("reader"):
             lines.append(f"- **For readers:** {e['reader']}")
+        if e.get("applies"):
+            env = record.get("environment", {})
+            on = ", ".join(f"{lib} {spec} (this run: {env.get(lib, '?')})" for lib, spec in e["applies"].items())
+            lines.append(f"- **Holds on:** {on}; on other releases the book's digits are asserted.")
         for r in rs:
             for chk in r.get("checks", []):
                 if chk.get("documented"):
