@@ -217,3 +217,21 @@ def test_a_confirmed_erratum_does_not_cover_the_book_profile():
 def test_malformed_errata_and_sources_are_rejected(change, problem):
     with pytest.raises(RegistryError, match=problem):
         registry.parse(_ERRATUM.replace(*change))
+
+
+_API_ERRATUM = _ERRATUM + 'applies = { transformers = ">=5" }\n'
+
+
+@pytest.mark.parametrize(("transformers", "verdict"), [("5.24.0", registry.ERRATUM), ("4.57.6", DEVIATES)])
+def test_an_erratum_about_an_api_holds_only_on_the_releases_it_names(transformers, verdict):
+    """KV-API's kind: the book's spelling is deprecated from transformers 5 on; on 4.x the digits are asserted as printed."""
+    claim = registry.parse(_API_ERRATUM)["E"]
+    judged = registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
+    assert judged.verdict == verdict
+    printed = registry.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
+    assert printed.verdict == (DEVIATES if verdict == registry.ERRATUM else registry.REPRODUCED)
+
+
+def test_an_erratum_range_that_is_no_version_specifier_is_rejected():
+    with pytest.raises(RegistryError, match="no version specifier"):
+        registry.parse(_ERRATUM + 'applies = { transformers = "five or later" }\n')
