@@ -88,13 +88,6 @@ def step_forward(model, ids: torch.Tensor, cache, positions: torch.Tensor, atten
     return hf.forward(model, ids, cache=cache, position_ids=positions, use_cache=True, **extra)
 
 
-def step_evidence(model, batch: int, context: int = 64, seed: int = SEED) -> dict[str, object]:
-    """:func:`decode_step` of ``batch`` rows run once under a trace: evidence that the timed step used its cache."""
-    from .evidence import traced
-
-    return traced(model, decode_step(model, batch, context, seed))[1]
-
-
 @dataclass(frozen=True)
 class Point:
     batch: int
@@ -420,7 +413,8 @@ class SlotBatch:
         first = int(live.int().argmax()) if bool(live.any()) else self.mask.shape[1]
         if first > 0:
             for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+                if layer.keys is not None:  # a layer the forward never wrote holds nothing to cut (its cache was not used)
+                    layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
             self.mask = self.mask[:, first:]
         return [i for i, n in enumerate(self.left) if n <= 0]
 
@@ -492,6 +486,7 @@ def run_policies(
     policies: Sequence[str] = ("static", "continuous"),
     probe_context: int = 8,
     seed: int = SEED,
+    trace=None,
 ) -> tuple[dict[str, PolicyResult], dict[int, list[float]]]:
     """Static and continuous batching for real: real decode steps, a real batched cache, measured times.
 
@@ -502,7 +497,9 @@ def run_policies(
     each tick one probe step of k = 1..slots occupied slots (round-robin, a ``probe_context``-token
     cache each) is timed: the per-step costs the simulation is fed come from the same stretch of
     time, so a change in the machine's load hits the real runs and the costs alike.
-    Returns the results and the probe samples (seconds) per number of slots.
+    Returns the results and the probe samples (seconds) per number of slots. ``trace``: a
+    :class:`cheapinfer.hf.ForwardTrace` of ``model``, whose label is set to the policy (or ``"probe"``)
+    whose forward runs.
     """
     prompts = torch.randint(0, model.config.vocab_size, (len(lengths),), generator=torch.Generator().manual_seed(seed)).tolist()
     unit = dict.fromkeys(range(1, slots + 1), 1.0)
@@ -510,6 +507,8 @@ def run_policies(
     results = {p: PolicyResult(p, 0.0, sum(lengths), 0, [0.0] * len(lengths), [0.0] * len(lengths), sum(lengths)) for p in policies}
     running = {p: _policy_steps(model, p, lengths, slots, prompts, results[p]) for p in policies}
     probes = {k: decode_step(model, k, probe_context, seed) for k in range(1, slots + 1)}
+    label = (lambda name: setattr(trace, "label", name)) if trace is not None else (lambda name: None)
+    label("probe")
     for k in probes:  # warm-up
         probes[k]()
     samples: dict[int, list[float]] = {k: [] for k in probes}
@@ -517,9 +516,11 @@ def run_policies(
     tick = 0
     while running:
         p = min(running, key=lambda name: results[name].steps / total[name])
+        label(p)
         if next(running[p], StopIteration) is StopIteration:
             del running[p]
             continue
+        label("probe")
         k = tick % slots + 1
         sync(dev)
         t = time.perf_counter()
@@ -664,6 +665,7 @@ class Validation:
     real: dict[str, float]
     results: dict[str, PolicyResult] = field(default_factory=dict)
     step_cost: dict[int, float] = field(default_factory=dict)  # seconds per step, by occupied slots
+    evidence: dict[str, dict[str, object]] = field(default_factory=dict)  # cache use of each policy's steps and of the probes
 
     @property
     def throughput_error(self) -> float:
@@ -672,8 +674,15 @@ class Validation:
 
 
 def validate(model, lengths: Sequence[int], slots: int) -> Validation:
-    """Run both policies for real, and simulate them with step costs probed on the same model during the run (medians)."""
-    runs, samples = run_policies(model, lengths, slots)
+    """Run both policies for real, and simulate them with step costs probed on the same model during the run (medians).
+
+    The run is traced (:class:`cheapinfer.hf.ForwardTrace`): each policy's steps and the probes prove they used their cache."""
+    from .evidence import cache_use
+    from .hf import ForwardTrace
+
+    with ForwardTrace(model) as trace:
+        runs, samples = run_policies(model, lengths, slots, trace=trace)
+    evidence = {name: cache_use(model, trace.labelled(name)) for name in ("static", "continuous", "probe")}
     step_cost = {k: statistics.median(v) for k, v in samples.items()}
     sim = compare(lengths, slots, step_cost)
     s, c = runs["static"], runs["continuous"]
@@ -686,7 +695,7 @@ def validate(model, lengths: Sequence[int], slots: int) -> Validation:
         "static_s": s.makespan_s,
         "continuous_s": c.makespan_s,
     }
-    return Validation(sim, real, {"static": s, "continuous": c}, step_cost)
+    return Validation(sim, real, {"static": s, "continuous": c}, step_cost, evidence)
 
 
 @dataclass(frozen=True)
@@ -760,7 +769,9 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, model.config.vocab_size, (len(lengths), prompt_tokens), generator=g).tolist()
     reserved = prompt_tokens + max_new_tokens
-    run = run_paged(model, lengths, slots, prompts, slots * math.ceil(reserved / block_size), block_size)
+    from .evidence import traced
+
+    run, evidence = traced(model, lambda: run_paged(model, lengths, slots, prompts, slots * math.ceil(reserved / block_size), block_size))
     snaps = run.batch.snapshots
     from .paging import run_waste
 
@@ -775,6 +786,7 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
         "tables_consistent": all(s["consistent"] for s in snaps),
         "tokens_equal_alone": all(run.batch.generated[r] == tokens_alone(model, prompts[r], lengths[r]) for r in compare),
         "compared": list(compare),
+        "evidence": evidence,
     }
 
 
@@ -789,8 +801,10 @@ def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
     prompts = [list(prefix) + list(s) for s in suffixes]
     lengths = [new_tokens] * len(prompts)
     size = sum(math.ceil((len(p) + new_tokens) / block_size) for p in prompts)
-    shared = run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=True)
-    own = run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=False)
+    from .evidence import combine, traced
+
+    shared, used_shared = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=True))
+    own, used_own = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=False))
     alone = [tokens_alone(model, p, new_tokens) for p in prompts]
     with_, without = shared.batch.snapshots[0], own.batch.snapshots[0]
     return {
@@ -803,4 +817,5 @@ def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
         "tokens_equal_alone": all(shared.batch.generated[i] == alone[i] for i in range(len(prompts))),
         "tokens_equal_unshared": all(shared.batch.generated[i] == own.batch.generated[i] for i in range(len(prompts))),
         "blocks_in_use_after": shared.pool.blocks_in_use,
+        "evidence": combine(used_shared, used_own),
     }

@@ -6,19 +6,18 @@ loop, and a claim built on them stays green. Every loop that claims to use a cac
 (at least once, outside its clock) under :class:`cheapinfer.hf.ForwardTrace`, and this module turns
 what the trace saw into measured conditions for the claim's verdict:
 
-- ``forwards_without_cache``: forwards handed no cache object at all (under either keyword). A
-  loop that uses a cache hands one over at every forward; a dropped keyword shows up here.
-- ``cache_grows_by_fed``: every forward that was handed a cache returned it holding exactly the
-  tokens it held before plus the positions fed. A cache handed over under a name the model does
-  not know is swallowed, and the model returns a fresh cache holding only the positions fed.
+- ``cache_grows_by_fed``: every forward was handed a cache object (under either keyword), at least
+  one of them held a history, and every one returned it holding exactly the tokens it held before
+  plus the positions fed. A loop that drops its cache hands none over; a cache handed over under a
+  name the model does not know is swallowed, and the model returns a fresh cache holding only the
+  positions fed. The counts behind it are reported: ``forwards_traced``, ``forwards_without_cache``
+  (handed none), ``forwards_with_history`` (handed a non-empty one).
 - ``logit_change_vs_no_context``: over the traced forwards that were handed a non-empty cache, the
   smallest of max|logits - logits alone| / max|logits alone| (per forward, the largest over its
   batch rows), where "alone" is a cache-less forward of the same ids by themselves. A forward that
   ignores its history computes exactly that (0); attending to a cached context changes every
   layer's attention output (O(1)). Rows with no history of their own (a request admitted this
   step) compute "alone" legitimately, hence the largest over rows.
-- ``forwards_with_history``: forwards that were handed a non-empty cache (a loop with a history
-  has at least one).
 
 ``logit_change_vs_no_context`` is checked against 0.01 in the registry: above the rounding of two
 half-precision forwards of the same tokens (~4e-3 relative), far below an O(1) change.
@@ -27,14 +26,15 @@ half-precision forwards of the same tokens (~4e-3 relative), far below an O(1) c
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
 from .hf import ForwardTrace
 
-#: The condition every claim built on a cached loop asserts: names of the measured values.
-CONDITIONS = ("forwards_without_cache", "cache_grows_by_fed", "logit_change_vs_no_context", "forwards_with_history")
+#: The conditions every claim built on a cached loop asserts (names of measured values), and the counts behind them.
+CONDITIONS = ("cache_grows_by_fed", "logit_change_vs_no_context")
+COUNTS = ("forwards_traced", "forwards_without_cache", "forwards_with_history")
 
 
 def alone_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -57,7 +57,8 @@ def cache_use(model, forwards: list[dict]) -> dict[str, object]:
         "forwards_traced": len(forwards),
         "forwards_without_cache": len(forwards) - len(handed),
         "forwards_with_history": len(with_history),
-        "cache_grows_by_fed": bool(handed) and all(r["cache_out"] == r["cache_in"] + r["tokens_in"] for r in handed),
+        "cache_grows_by_fed": bool(forwards) and len(handed) == len(forwards) and bool(with_history)
+        and all(r["cache_out"] == r["cache_in"] + r["tokens_in"] for r in handed),
         "logit_change_vs_no_context": min(changes) if changes else math.nan,
     }
 
@@ -69,21 +70,24 @@ def traced(model, run: Callable[[], object], keep_logits: int = 4) -> tuple[obje
     return result, cache_use(model, trace.forwards)
 
 
-def combine(*evidence: dict[str, object]) -> dict[str, object]:
+def traced_each(model, runs: Mapping[str, Callable[[], object]]) -> dict[str, object]:
+    """Each callable run once under its own trace (e.g. each timed step, outside the clock); the evidence combined."""
+    return combine(*(traced(model, run)[1] for run in runs.values()))
+
+
+def combine(*evidence: Mapping[str, object]) -> dict[str, object]:
     """Several loops' evidence as one: counts add up, the conditions must hold in every loop."""
     changes = [e["logit_change_vs_no_context"] for e in evidence]
     return {
-        "forwards_traced": sum(e["forwards_traced"] for e in evidence),
-        "forwards_without_cache": sum(e["forwards_without_cache"] for e in evidence),
-        "forwards_with_history": min(e["forwards_with_history"] for e in evidence) if evidence else 0,
+        **{k: sum(e[k] for e in evidence) for k in COUNTS},
         "cache_grows_by_fed": bool(evidence) and all(e["cache_grows_by_fed"] for e in evidence),
-        "logit_change_vs_no_context": math.nan if any(math.isnan(c) for c in changes) or not changes else min(changes),
+        "logit_change_vs_no_context": math.nan if not changes or any(math.isnan(c) for c in changes) else min(changes),
     }
 
 
-def conditions(evidence: dict[str, object]) -> dict[str, object]:
-    """The measured values a claim hands to its verdict (:data:`CONDITIONS`)."""
-    return {k: evidence[k] for k in CONDITIONS}
+def conditions(evidence: Mapping[str, object]) -> dict[str, object]:
+    """The measured values a claim hands to its verdict (:data:`CONDITIONS`) and the counts behind them."""
+    return {k: evidence[k] for k in (*CONDITIONS, *COUNTS)}
 
 
 def describe(evidence: dict[str, object]) -> str:

@@ -16,6 +16,48 @@ from . import asides, batching, budget, distill, evaluation, hf, kv, lowbit, out
 from .faults import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa: F401
 
 # ------------------------------------------------------------------------------------------------
+# a cache handed over under a keyword the model does not take
+# ------------------------------------------------------------------------------------------------
+# The regression the suite once missed: a loop hands its cache over as ``cache=`` to a transformers
+# that only knows ``past_key_values`` (4.x), which takes it into ``**kwargs`` and drops it. Every step
+# then runs without its history, fast and wrong, and nothing raises. These faults do the same on any
+# release (the keyword is misspelled: ``caches=``), scoped to one loop, so that each loop's own
+# evidence of cache use (cheapinfer.evidence) has to notice.
+
+
+def _misspelled_forward(model, input_ids=None, *, cache=None, **kwargs):
+    """:func:`hf.forward` with the cache under a keyword no release takes (swallowed into ``**kwargs``)."""
+    return hf.forward(model, input_ids, caches=cache, **kwargs)
+
+
+_MISSPELLED_HF = type("MisspelledHF", (), {**{k: staticmethod(v) if callable(v) else v for k, v in vars(hf).items() if not k.startswith("__")},
+                                         "forward": staticmethod(_misspelled_forward)})
+
+
+def _misspelled_while(module, fn, returns_callable: bool = False):
+    """``fn`` whose model calls through ``module.hf`` misspell the cache keyword while it runs (or, with
+    ``returns_callable``, while the callable it returns runs)."""
+    import functools
+
+    def scoped(g):
+        @functools.wraps(g)
+        def call(*args, **kwargs):
+            with patched(module, "hf", _MISSPELLED_HF):
+                return g(*args, **kwargs)
+
+        return call
+
+    if not returns_callable:
+        return scoped(fn)
+
+    @functools.wraps(fn)
+    def make(*args, **kwargs):
+        return scoped(fn(*args, **kwargs))
+
+    return make
+
+
+# ------------------------------------------------------------------------------------------------
 # 1. KV cache
 # ------------------------------------------------------------------------------------------------
 
@@ -205,6 +247,43 @@ def _flash_drops_causal():
 # ------------------------------------------------------------------------------------------------
 # 2. Batching, paged cache
 # ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "batch-step-cache-keyword-dropped",
+    section="BAT",
+    kind=DISABLED,
+    targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "Q-BYTES-SPEED"),
+    what="the batch decode step (the batch curve's, and the low-bit formats' at batch 1) hands its cache over under a keyword the installed transformers does not take, which swallows it: every step decodes its token without the 64-token history",
+)
+def _batch_step_cache_dropped():
+    with patched(batching, "decode_step", _misspelled_while(batching, batching.decode_step, returns_callable=True)):
+        yield
+
+
+@fault(
+    "scheduler-cache-keyword-dropped",
+    section="BAT",
+    kind=DISABLED,
+    targets=("BAT-STATIC-CONT",),
+    what="the slot scheduler's step (static and continuous alike) hands the batch's cache over under a keyword the model swallows: each step decodes without the requests' histories",
+)
+def _scheduler_cache_dropped():
+    with patched(batching.SlotBatch, "step", _misspelled_while(batching, batching.SlotBatch.step)):
+        yield
+
+
+@fault(
+    "paged-scheduler-cache-keyword-dropped",
+    section="BAT",
+    kind=DISABLED,
+    targets=("PAGE-WASTE", "PAGE-PREFIX"),
+    what="the scheduler on the paged cache hands the paged cache over under a keyword the model swallows, in its prefills and its decode steps: the block tables fill as scheduled, the model never reads them",
+)
+def _paged_scheduler_cache_dropped():
+    with patched(batching.PagedSlotBatch, "step", _misspelled_while(batching, batching.PagedSlotBatch.step)), \
+            patched(batching.PagedSlotBatch, "admit", _misspelled_while(batching, batching.PagedSlotBatch.admit)):
+        yield
 
 
 @fault(
@@ -662,6 +741,56 @@ def _eval_quantization_not_applied():
 # ------------------------------------------------------------------------------------------------
 # 6-7. Speculative decoding, distillation
 # ------------------------------------------------------------------------------------------------
+
+
+def _spec_passes_misspelled(which: str):
+    """speculative.generate whose ``which`` ("target" or "draft") passes misspell the cache keyword."""
+    real_generate, real_forward = speculative.generate, speculative._forward
+
+    def generate(target, prompt, new_tokens, draft=None, gamma=4, stop_at_eos=True):
+        broken = target if which == "target" else draft
+
+        def forward(model, tokens, cache, keep):
+            if model is broken:
+                with patched(speculative, "hf", _MISSPELLED_HF):
+                    return real_forward(model, tokens, cache, keep)
+            return real_forward(model, tokens, cache, keep)
+
+        with patched(speculative, "_forward", forward):
+            return real_generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
+
+    return generate
+
+
+@fault(
+    "spec-target-cache-keyword-dropped",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-VERIFY-COST", "SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
+    what="the target's verification pass hands its cache over under a keyword the model swallows: each pass scores the proposals without the sequence before them",
+)
+def _spec_target_cache_dropped():
+    real_verify = speculative.verify_callables
+
+    def verify_callables(*args, **kwargs):
+        with patched(speculative, "hf", _MISSPELLED_HF):
+            made = real_verify(*args, **kwargs)
+        return {name: _misspelled_while(speculative, call) for name, call in made.items()}
+
+    with patched(speculative, "generate", _spec_passes_misspelled("target")), patched(speculative, "verify_callables", verify_callables):
+        yield
+
+
+@fault(
+    "spec-draft-cache-keyword-dropped",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
+    what="the draft's passes hand its cache over under a keyword the model swallows: the draft proposes from its last token alone, the target still verifies, so every emitted token stays the target's",
+)
+def _spec_draft_cache_dropped():
+    with patched(speculative, "generate", _spec_passes_misspelled("draft")):
+        yield
 
 
 @fault(

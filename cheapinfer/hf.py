@@ -29,6 +29,7 @@ fixed in one place and every measured loop speaks to the model the same way:
 from __future__ import annotations
 
 import inspect
+import threading
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -247,38 +248,68 @@ class ForwardTrace:
     """Records every forward of ``model`` inside the block, from outside the code under test.
 
     Each record holds ``tokens_in`` (positions fed), ``handed_cache`` (whether a cache object was
-    handed in, under either name), ``cache_in`` (tokens it held; 0 when none was handed in), ``cache_out`` (tokens the returned cache holds)
-    and, for the first ``keep_logits`` forwards that were handed a non-empty cache, the last
-    position's logits (fp32, on the CPU, ``[B, V]``) and the ids fed (``[B, T]``).
+    handed in, under either name), ``cache_in`` (tokens it held; 0 when none was handed in),
+    ``cache_out`` (tokens the returned cache holds), ``label`` (what :attr:`label` was when the
+    forward began: a loop that interleaves several, such as two scheduling policies, names the one
+    running) and, for the first ``keep_logits`` forwards of each label that were handed a non-empty
+    cache, the last position's logits (fp32, on the CPU, ``[B, V]``) and the ids fed (``[B, T]``).
+    Only the forwards of the thread that opened the trace are recorded: a model shared with other
+    threads (a target that several drafts' loops run on at once) is traced once per loop.
     """
 
     def __init__(self, model, keep_logits: int = 4):
         self.model = model
         self.keep_logits = keep_logits
+        self.label = ""
         self.forwards: list[dict] = []
-        self._pending: dict = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
         self._handles: list = []
-        self._kept = 0
+        self._kept: dict[str, int] = {}
+        self._owner = threading.get_ident()
 
     def _pre(self, module, args, kwargs):
+        # A deep copy of the model (a draft built meanwhile) carries the hook too; another thread's forwards are its own.
+        if module is not self.model or threading.get_ident() != self._owner:
+            return
         ids = kwargs.get("input_ids", args[0] if args else None)
         handed = call_cache(args, kwargs)
-        cache_in = cache_length(handed)
-        self._pending = {"tokens_in": int(ids.shape[-1]), "cache_in": cache_in, "handed_cache": handed is not None}
-        if cache_in > 0 and self._kept < self.keep_logits:
-            self._pending["ids"] = ids.detach().clone()
+        rec = {"tokens_in": int(ids.shape[-1]), "handed_cache": handed is not None, "cache_in": cache_length(handed), "label": self.label}
+        if rec["cache_in"] > 0:
+            with self._lock:
+                keep = self._kept.get(self.label, 0) < self.keep_logits
+                if keep:
+                    self._kept[self.label] = self._kept.get(self.label, 0) + 1
+            if keep:
+                rec["ids"] = ids.detach().clone()
+        self._local.pending = rec
 
     def _post(self, module, args, kwargs, out):
-        rec = self._pending
+        rec = getattr(self._local, "pending", None)
+        if module is not self.model or rec is None:  # a forward that began before the trace did
+            return
+        self._local.pending = None
         rec["cache_out"] = cache_length(output_cache(out))
         if "ids" in rec:
             rec["logits"] = out.logits[:, -1].detach().float().cpu()
-            self._kept += 1
-        self.forwards.append(rec)
+        with self._lock:
+            self.forwards.append(rec)
+
+    def labelled(self, label: str) -> list[dict]:
+        return [r for r in self.forwards if r["label"] == label]
 
     def __enter__(self) -> "ForwardTrace":
-        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         self.model.register_forward_hook(self._post, with_kwargs=True)]
+        # Plain functions, not bound methods: deep-copying the model (a quantized draft made from it while it is
+        # traced) copies its hooks by reference instead of copying this trace.
+        def pre(module, args, kwargs):
+            return self._pre(module, args, kwargs)
+
+        def post(module, args, kwargs, out):
+            return self._post(module, args, kwargs, out)
+
+        self._owner = threading.get_ident()
+        self._handles = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
+                         self.model.register_forward_hook(post, with_kwargs=True)]
         return self
 
     def __exit__(self, *exc) -> None:

@@ -36,7 +36,7 @@ lookup reads one row; a tied LM head reads the whole table and counts it once).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import torch
@@ -266,6 +266,7 @@ class Step:
     bytes: int
     step_s: float
     copy_bandwidth: float  # bytes/s of a plain copy, measured in the same run
+    evidence: dict = field(default_factory=dict)  # the timed step, traced once: it used its cache (cheapinfer.evidence)
 
     @property
     def bandwidth(self) -> float:
@@ -287,10 +288,12 @@ def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 3
     """
     from .accel import copy_callable
     from .batching import decode_step
+    from .evidence import traced
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
+    evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}
     device = next(next(iter(models.values())).parameters()).device
     copy_fn, moved = copy_callable(copy_bytes, device)
     samples = timed({**steps, "memory copy": copy_fn}, rounds=rounds, warmup=warmup)
     bw = moved / samples["memory copy"].median
-    return {name: Step(name, streamed_bytes(m), samples[name].median, bw) for name, m in models.items()}
+    return {name: Step(name, streamed_bytes(m), samples[name].median, bw, evidence[name]) for name, m in models.items()}

@@ -193,15 +193,20 @@ class Waste:
 
     @property
     def unused_fraction_max_context(self) -> float:
-        return 1 - self.used_tokens / self.reserved_max_context
+        return _unused(self.used_tokens, self.reserved_max_context)
 
     @property
     def unused_fraction_longest(self) -> float:
-        return 1 - self.used_tokens / self.reserved_longest
+        return _unused(self.used_tokens, self.reserved_longest)
 
     @property
     def unused_fraction_paged(self) -> float:
-        return 1 - self.used_tokens / self.reserved_paged
+        return _unused(self.used_tokens, self.reserved_paged)
+
+
+def _unused(used: int, reserved: int) -> float:
+    """1 - used / reserved; NaN where nothing was reserved (a run whose cache held nothing has no waste to read)."""
+    return 1 - used / reserved if reserved else math.nan
 
 
 def run_waste(snapshots: Sequence[dict], reserved_per_slot: int, block_size: int) -> Waste:

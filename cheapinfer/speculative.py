@@ -143,6 +143,7 @@ class Run:
     evaluated: int = 0  # proposals compared with the target's choice on the target's prefix
     accepted: int = 0  # proposals kept
     kept_per_pass: list[int] = field(default_factory=list)
+    evidence: dict[str, dict] = field(default_factory=dict)  # cache use of the target's and the draft's passes (generate_traced)
 
     @property
     def alpha(self) -> float:
@@ -235,6 +236,30 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
             break
     run.tokens = seq[start:]
     return run
+
+
+def generate_traced(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: int = 4, stop_at_eos: bool = True) -> Run:
+    """:func:`generate` with the target's and the draft's forwards traced; ``run.evidence`` says whether each
+    model's passes used their cache (``{"target": ..., "draft": ...}``, :func:`cheapinfer.evidence.cache_use`).
+
+    A trace sees every forward of its model, also from another thread running the same target."""
+    from .evidence import cache_use
+    from .hf import ForwardTrace
+
+    with ForwardTrace(target) as t_trace, (ForwardTrace(draft) if draft is not None else _Nothing()) as d_trace:
+        run = generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
+    run.evidence = {"target": cache_use(target, t_trace.forwards)}
+    if draft is not None:
+        run.evidence["draft"] = cache_use(draft, d_trace.forwards)
+    return run
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 def assisted_generate(target, draft, prompt: Sequence[int], new_tokens: int) -> list[int]:

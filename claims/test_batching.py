@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, strategies as st  # noqa: E402
 
-from cheapinfer import accel, batching, kv, models, paging, timing  # noqa: E402
+from cheapinfer import accel, batching, evidence, kv, models, paging, timing  # noqa: E402
 from fixtures.plugin import on_profiles  # noqa: E402
 
 CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
@@ -63,6 +63,11 @@ def _served_models() -> dict:
     return {}
 
 
+@pytest.fixture(scope="module")
+def _curve_evidence() -> dict:
+    return {}
+
+
 @pytest.fixture
 def served(_served_models, twin_factory, device):
     """``served(profile)``: the profile in the dtype the book's model is served in on this device (models.serving_dtype).
@@ -84,13 +89,15 @@ def served(_served_models, twin_factory, device):
 
 
 @pytest.fixture
-def step_times(_curves, _copy_bandwidth, timed, device, served, request):
+def step_times(_curves, _copy_bandwidth, _curve_evidence, timed, device, served, request):
     """``step_times(profile)``: batch size -> the seconds of one decode step in each round, measured once per module.
 
     The step runs the profile in its serving dtype (see ``served``). Only the batch sizes the selected
     claims of this module need are measured (all of them in a full run). The device's copy bandwidth
     (bytes/s) is timed in the same interleaved rounds, under the same load, into
-    ``_copy_bandwidth[profile.name]``: the bound that decode efficiency is read against.
+    ``_copy_bandwidth[profile.name]``: the bound that decode efficiency is read against. Each timed step
+    is then run once more under a trace, outside the clock, into ``_curve_evidence[profile.name]``: the
+    proof that every step used its cache (:mod:`cheapinfer.evidence`).
     """
 
     def measure(profile) -> dict[int, list[float]]:
@@ -103,6 +110,7 @@ def step_times(_curves, _copy_bandwidth, timed, device, served, request):
             samples = timed({**steps, "copy": copy}, rounds=ROUNDS, warmup=1)
             _curves[profile.name] = {b: list(samples[f"batch={b}"].seconds) for b in sizes}
             _copy_bandwidth[profile.name] = moved / samples["copy"].median
+            _curve_evidence[profile.name] = evidence.traced_each(model, steps)
         return _curves[profile.name]
 
     return measure
@@ -144,7 +152,7 @@ def _power_points(points):
 
 @pytest.mark.claim("BAT-1-TO-16")
 @on_profiles("twin", "book")
-def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, step_times, _copy_bandwidth):
+def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, step_times, _copy_bandwidth, _curve_evidence):
     """BAT-1-TO-16: "From one request to sixteen multiplies throughput by 6.0 and the wait of every individual request by 2.67"."""
     points = batching.curve(_medians(step_times(profile)))
     throughput_gain, latency_gain = batching.gains(points, 1, 16)
@@ -161,8 +169,11 @@ def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, ste
                  for p in _power_points(points)])
     suffix = f"-{profile.name}" if profile.name != "twin" else ""
     claim.figure(f"bat-decode-efficiency{suffix}", _efficiency_plot(_power_points(points), efficiency, profile.name))
+    used = _curve_evidence[profile.name]
+    claim.note(f"each timed step, traced once: {evidence.describe(used)}")
     claim.verify(
         profile.name,
+        **evidence.conditions(used),
         throughput_gain=throughput_gain,
         latency_gain=latency_gain,
         step_ms={p.batch: round(p.latency_s * 1e3, 2) for p in points},
@@ -173,7 +184,7 @@ def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, ste
 
 
 @pytest.mark.claim("BAT-KNEE")
-def test_batch_curve_has_a_knee(claim, twin, step_times):
+def test_batch_curve_has_a_knee(claim, twin, step_times, _curve_evidence):
     """BAT-KNEE: "From 16 to 32 throughput rises 9% while latency nearly doubles ... Every deployment has such a knee"."""
     points = _power_points(batching.curve(_medians(step_times(twin))))
     k = batching.knee_summary(points, KNEE_GAIN)
@@ -187,6 +198,7 @@ def test_batch_curve_has_a_knee(claim, twin, step_times):
     )
     claim.verify(
         "twin",
+        **evidence.conditions(_curve_evidence[twin.name]),
         knee_latency_gain=k.latency_gain,
         knee_throughput_gain=k.throughput_gain,
         gain_before_knee=k.gain_before,
@@ -200,7 +212,7 @@ SURVEY_SIZES = (1, 2, 3, 4)  # where a BLAS may switch from one weight read per 
 
 
 @pytest.mark.claim("BAT-TRADEOFF")
-def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_factory, step_times, device):
+def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_factory, step_times, device, _curve_evidence):
     """BAT-TRADEOFF: "The batch made the server better and every user worse ... No setting improves both"."""
     rounds = step_times(twin)
     # The claim's settings are the batch curve's (powers of two, the rows of the chapter's table that BAT-1-TO-16 and
@@ -239,7 +251,7 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
         "the kernel reads the weights once per row; one that falls from 3 rows to 4 means it switches algorithm there, and then the "
         "larger batch improves both. The claim is judged in the serving dtype; the other dtypes show what the premise costs when a kernel breaks it."
     )
-    claim.verify("twin", pairs_improving_both=len(t.beyond_noise), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
+    claim.verify("twin", **evidence.conditions(_curve_evidence[twin.name]), pairs_improving_both=len(t.beyond_noise), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
                  pairs_improving_both_any_size=len(every.beyond_noise), pairs_compared_any_size=every.pairs, dtype=dtype,
                  other_dtypes_step_vs_batch_1=survey_ratio, other_dtypes_pairs_improving_both={d: [list(p) for p in v] for d, v in survey_pairs.items()})
 
@@ -250,7 +262,7 @@ def _spread_row(cost: str, ratio: str, values: list[float], meeting: str) -> lis
 
 
 @pytest.mark.claim("BAT-STATIC-CONT")
-def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_in, step_times, device):
+def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_in, step_times, device, _curve_evidence):
     """BAT-STATIC-CONT: "64 requests ... median 18 tokens, longest 231, 1,874 in total ... throughput improves 1.6x. Mean latency improves more than tenfold"."""
     lengths = batching.skewed_lengths()
     twin_cost = {k: s for k, s in _medians(step_times(twin)).items() if k <= SLOTS}
@@ -297,6 +309,8 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         "(that it has them is a test of the generator, not of the claim); the book's ratios are judged on the median "
         f"over the {n} workloads."
     )
+    used = evidence.combine(_curve_evidence[twin.name], *v.evidence.values())
+    claim.note(f"the twin's timed steps, both real policies' steps and the probes, traced: {evidence.describe(used)}")
     seeded, sorted_order = batching.compare(lengths, SLOTS, twin_cost), batching.compare(sorted(lengths), SLOTS, twin_cost)
     claim.note(
         f"Queuing the requests shortest first gives {sorted_order['throughput_ratio']:.2f}x throughput and {sorted_order['latency_ratio']:.2f}x latency. "
@@ -305,6 +319,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     )
     claim.verify(
         "twin",
+        **evidence.conditions(used),
         **batching.length_stats(lengths),
         throughput_ratio=q(sens.throughput, 0.5),
         latency_ratio=q(sens.latency, 0.5),
@@ -379,8 +394,10 @@ def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, st
         if r["tokens_equal_alone"]
         else "Some compared requests gave other tokens than when run alone."
     )
+    claim.note(f"the run, traced: {evidence.describe(r['evidence'])}")
     claim.verify(
         "stand-in",
+        **evidence.conditions(r["evidence"]),
         unused_fraction_max_context=w.unused_fraction_max_context,
         unused_fraction_longest=w.unused_fraction_longest,
         unused_fraction_paged=w.unused_fraction_paged,
@@ -409,8 +426,10 @@ def test_shared_prefix_shares_its_full_blocks(claim, stand_in, device):
         ["scheme", "blocks in use"],
         [["each request its own blocks", r["blocks_without"]], ["full prefix blocks shared (reference-counted)", r["blocks_with"]], ["blocks forked from the other request", r["shared_full_blocks"]]],
     )
+    claim.note(f"both runs, traced: {evidence.describe(r['evidence'])}")
     claim.verify(
         "stand-in",
+        **evidence.conditions(r["evidence"]),
         identity_gap=r["blocks_with"] - (r["blocks_without"] - r["shared_full_blocks"]),
         blocks_saved=r["blocks_without"] - r["blocks_with"],
         blocks_with=r["blocks_with"],

@@ -6,7 +6,7 @@ import torch
 from hypothesis import example, given, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cheapinfer import lowbit, quant
+from cheapinfer import evidence, lowbit, quant
 from cheapinfer.arch import QWEN25_05B
 from fixtures.plugin import on_profiles
 
@@ -64,8 +64,11 @@ def test_fewer_bytes_per_weight_make_a_decode_step_faster(claim, twin_factory, d
         "the mslk package (>= 1.0), which PyPI does not have. A kernel that does not read the stored codes (per-call dequantization) is reported, not asserted."
     )
     eight, four = steps["int8"], steps[FOUR_BIT[kind]]
+    used = evidence.combine(*(s.evidence for s in steps.values()))
+    claim.note(f"each timed step, traced once: {evidence.describe(used)}")
     claim.verify(
         "twin",
+        **evidence.conditions(used),
         bytes_ratio_16bit=base.bytes / steps["fp32"].bytes,
         speedup_16bit=steps["fp32"].step_s / base.step_s,
         bytes_ratio_8bit=eight.bytes / base.bytes,

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, strategies as st
 from scipy import stats
 
-from cheapinfer import SEED, evaluation, registry, speculative as spec
+from cheapinfer import SEED, evaluation, evidence, registry, speculative as spec
 from cheapinfer.quant import SCHEMES
 from fixtures.evaluation import SPEC_GAMMA
 from fixtures.plugin import on_profiles
@@ -35,9 +35,12 @@ def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
     context = 128
     variants = spec.verify_callables(twin.model, context, widths=(1, 5, 9), seed=SEED)
     samples = timed(variants, rounds=5, warmup=1)
+    used = evidence.traced_each(twin.model, variants)  # each timed pass once more, traced, outside the clock
+    claim.note(f"the timed verification passes, traced once: {evidence.describe(used)}")
     one = samples["k=1"].median
     claim.verify(
         "twin",
+        **evidence.conditions(used),
         cost=samples["k=5"].median / one,
         cost_gamma8=samples["k=9"].median / one,
         cost_per_position_gamma8=samples["k=9"].median / (9 * one),
@@ -56,6 +59,8 @@ def test_greedy_speculation_yields_the_targets_tokens(claim, profile, reference_
     """SPEC-EXACT-GREEDY: "with greedy decoding that is obvious: a token is only accepted if the target would have produced it"."""
     conts = reference_continuations(profile)
     runs = speculative_runs(profile)
+    used = evidence.combine(*(e for d in DRAFTS for r in runs[d] for e in r.evidence.values()))
+    claim.note(f"every target and draft pass of the loop, traced: {evidence.describe(used)}")
     same = {d: all(r.tokens == c.tokens for r, c in zip(runs[d], conts)) for d in DRAFTS}
     # transformers' own assisted generation, on the first prompt, with the best and a middling draft
     first = conts[0]
@@ -70,6 +75,7 @@ def test_greedy_speculation_yields_the_targets_tokens(claim, profile, reference_
     )
     claim.verify(
         profile.name,
+        **evidence.conditions(used),
         identical=all(same.values()) and all(assisted.values()),
         identical_per_draft=same,
         assisted_identical=assisted,
@@ -200,6 +206,7 @@ def test_acceptance_rate_is_the_agreement_column(claim, profile, reference_conti
     above ... every quantized model as draft for the full-precision target, over 144 generated positions"."""
     conts = reference_continuations(profile)
     runs = speculative_runs(profile)
+    used = evidence.combine(*(e for d in DRAFTS for r in runs[d] for e in r.evidence.values()))
     alpha = {d: spec.acceptance_rate(runs[d]) for d in DRAFTS}
     hits = {d: evaluation.agreement(quantized_variant(profile, d), conts) for d in DRAFTS}  # the table's column, one forward each
     agree = {d: h / n for d, (h, n) in hits.items()}
@@ -211,6 +218,7 @@ def test_acceptance_rate_is_the_agreement_column(claim, profile, reference_conti
     claim.table(f"Acceptance per draft, gamma = {SPEC_GAMMA} ({profile.name})", ["draft", "alpha (accepted/judged)", "agreement", "tokens per target pass", "E at that alpha"], rows)
     claim.verify(
         profile.name,
+        **evidence.conditions(used),
         positions=sum(len(c.tokens) for c in conts),
         alpha_int8_row=alpha["int8-row"],
         max_alpha_gap=max(abs(alpha[d] - agree[d]) for d in DRAFTS),
@@ -225,7 +233,8 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
     draft = quantized_stand_in["int4-tensor"].model
     prompt = stand_in.tokenizer("The river rises in the mountains to the north and flows south through")["input_ids"]
     gamma, new = 4, 8
-    probe = spec.generate(stand_in.model, prompt, new, draft=draft, gamma=gamma)
+    probe = spec.generate_traced(stand_in.model, prompt, new, draft=draft, gamma=gamma)  # the timed loop, once, traced
+    used = evidence.combine(*probe.evidence.values())
     samples = timed(
         {
             "plain": lambda: spec.generate(stand_in.model, prompt, new),
@@ -238,8 +247,10 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
         "Draft: the stand-in with INT4 per-tensor weights, which accepts almost nothing. The draft is fake-quantized, so it "
         "costs as much as the target (c ~ 1): the formula predicts E / (gamma c + 1) ~ 1 / 5."
     )
+    claim.note(f"the speculative loop, traced once: {evidence.describe(used)}")
     claim.verify(
         "stand-in",
+        **evidence.conditions(used),
         slowdown=samples["speculative"].median / samples["plain"].median,
         alpha=probe.alpha,
         predicted_speedup_c1=spec.speedup(probe.alpha if probe.evaluated else 0.0, gamma, 1.0),
