@@ -28,7 +28,8 @@ read (an integer beyond the range of a float, text that is not Unicode).
 
 ``python -m cheapinfer merge A B C ...`` puts several run records into one claim x machine matrix
 (Markdown; ``--json`` for JSON), each machine labelled by its GPU (or CPU) name and the versions of
-torch, transformers and bitsandbytes.
+torch, transformers and bitsandbytes. ``-o FILE`` overwrites only a matrix ``merge`` wrote earlier (the
+Markdown matrix begins with :data:`MATRIX_MARK`), never one of the records or any other file, unless ``--force``.
 """
 
 from __future__ import annotations
@@ -466,10 +467,14 @@ def merge(records: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
     return {"machines": machines, "summary": summary, "claims": claims}
 
 
+#: The first line of every Markdown matrix: ``merge -o`` overwrites a Markdown file only when it begins with it.
+MATRIX_MARK = "<!-- claims x machines matrix, written by python -m cheapinfer merge -->"
+
+
 def merge_markdown(records: list[dict[str, Any]], sources: list[str]) -> str:
     matrix = merge(records, sources)
     labels = [m["label"] for m in matrix["machines"]]
-    lines = ["# Claims x machines", "", "## Machines", ""]
+    lines = [MATRIX_MARK, "# Claims x machines", "", "## Machines", ""]
     lines += markdown_table(
         ["machine", "device", *KEY_ENVIRONMENT, "created", "record"],
         [[m["label"], m["device"], *(m["environment"].get(k, "?") for k in KEY_ENVIRONMENT), m["created"], m["source"]] for m in matrix["machines"]],
@@ -522,11 +527,17 @@ def _overwrite_refusal(output: Path, records: list[Path], as_json: bool) -> str 
     inputs = {(r / RECORD_NAME if r.is_dir() else r).resolve() for r in records}
     if output.resolve() in inputs:
         return "it is one of the records being merged"
-    if not as_json:
-        return None if output.suffix.lower() in (".md", ".markdown") else "it exists and is not a Markdown file"
     try:
-        previous = json.loads(output.read_text(encoding="utf-8"))
+        text = output.read_text(encoding="utf-8")
     except (OSError, ValueError):
+        text = None
+    if not as_json:
+        if text is not None and text.split("\n", 1)[0] == MATRIX_MARK:
+            return None
+        return "it exists and is not a Markdown matrix written by merge (its first line is not the matrix's mark)"
+    try:
+        previous = json.loads(text) if text is not None else None
+    except ValueError:
         previous = None
     if isinstance(previous, dict) and {"machines", "summary", "claims"} <= set(previous):
         return None

@@ -1,5 +1,5 @@
 """compare and merge on bad input: one line and exit 2, never a traceback or the regression code;
-merge never overwrites a record; every change to *not run* carries its reason,
+merge never overwrites a record or a file it did not write; every change to *not run* carries its reason,
 harness errors apart; a claim that vanished is a regression."""
 
 from __future__ import annotations
@@ -183,13 +183,26 @@ def test_merge_refuses_to_overwrite_one_of_its_records(tmp_path, capsys):
     assert rec.read_bytes() == RECORD.read_bytes()
 
 
-def test_merge_refuses_to_overwrite_a_file_that_is_not_markdown_unless_forced(tmp_path, capsys):
-    other = tmp_path / "notes.txt"
-    other.write_text("keep me")
+@pytest.mark.parametrize("name", ["notes.txt", "README.md", "empty.md"])
+def test_merge_refuses_to_overwrite_a_file_it_did_not_write_unless_forced(name, tmp_path, capsys):
+    other = tmp_path / name
+    other.write_text("" if name == "empty.md" else "# Claims x machines\nkeep me\n")
+    kept = other.read_text()
     line = _exit_2([str(RECORD), "-o", str(other)], cmp.merge_cli, capsys)
-    assert "not a Markdown file" in line and other.read_text() == "keep me"
+    assert line == (f"cheapinfer merge: error: -o {other}: it exists and is not a Markdown matrix written by merge "
+                    "(its first line is not the matrix's mark); nothing was written (pass --force to overwrite it)")
+    assert other.read_text() == kept
     assert cmp.merge_cli([str(RECORD), "-o", str(other), "--force"]) == 0
-    assert other.read_text().startswith("# Claims x machines")
+    assert other.read_text().splitlines()[:2] == [cmp.MATRIX_MARK, "# Claims x machines"]
+
+
+def test_merge_over_a_readme_through_the_command_line_is_one_line_and_exit_2(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# A project\n")
+    run = subprocess.run([sys.executable, "-m", "cheapinfer", "merge", str(RECORD), "-o", str(readme)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [line] = [line for line in run.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"cheapinfer merge: error: -o {readme}: it exists and is not a Markdown matrix") and readme.read_text() == "# A project\n"
 
 
 def test_merge_overwrites_its_own_earlier_output(tmp_path):
