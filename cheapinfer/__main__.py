@@ -11,17 +11,18 @@ engine   the batching workload through vLLM, the reference engine (needs vllm-cp
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import subprocess
 import sys
 from pathlib import Path
 
+from .cli import Parser
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _verify(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
+    p = Parser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
     p.add_argument("--book-model", metavar="PATH", help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (CUDA_VISIBLE_DEVICES picks among the cards first)")
     p.add_argument("--fast", action="store_true", help="skip the claims marked slow")
@@ -61,7 +62,7 @@ def _verify(argv: list[str]) -> int:
 def _fetch(argv: list[str]) -> int:
     from . import artifacts, models
 
-    argparse.ArgumentParser(prog="cheapinfer fetch", description="Download the pinned artifacts into " + str(artifacts.cache_dir())).parse_args(argv)
+    Parser(prog="cheapinfer fetch", description="Download the pinned artifacts into " + str(artifacts.cache_dir())).parse_args(argv)
     try:
         for artifact in artifacts.ARTIFACTS.values():
             path = artifacts.fetch(artifact)
@@ -85,9 +86,16 @@ _DELEGATED = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"verify": _verify, "fetch": _fetch}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in {**commands, **_DELEGATED}:
+    if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    if argv[0] not in {**commands, **_DELEGATED}:
+        print(f"cheapinfer: error: unknown command {argv[0]!r} (commands: {', '.join([*commands, *_DELEGATED])}; "
+              "python -m cheapinfer --help says what each does)", file=sys.stderr)
+        return 2
     name, rest = argv[0], argv[1:]
     if name in commands:
         return commands[name](rest)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
+from .cli import Parser
 from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 from .report import KEY_ENVIRONMENT, RECORD_NAME, SCHEMA, load, machine_label, markdown_table
 
@@ -365,7 +366,7 @@ def _band(text: str) -> float:
 
 
 def compare_cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="cheapinfer compare",
         description="Claims whose verdict changed or whose measured value moved beyond its tolerance between two run records. Exit 1 on a regression.",
     )
@@ -491,7 +492,7 @@ def merge_markdown(records: list[dict[str, Any]], sources: list[str]) -> str:
 
 
 def merge_cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
+    p = Parser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
     p.add_argument("records", nargs="+", type=Path, help="run.json files, or the report directories holding them")
     p.add_argument("--json", action="store_true", help="write JSON instead of Markdown")
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of standard output")

@@ -397,13 +397,28 @@ def table(result: dict[str, Any]) -> list[str]:
     return markdown_table(["fault", "kind", "claim", "verdict under the fault"], rows)
 
 
-def faults_cli(argv: list[str]) -> int:
+def _seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds > 0 (argparse type)."""
     import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
+    return value
+
+
+def faults_cli(argv: list[str]) -> int:
     import json
     import os
     from pathlib import Path
 
-    p = argparse.ArgumentParser(
+    from .cli import Parser
+
+    p = Parser(
         prog="cheapinfer faults",
         description="Inject each known fault into the measured system and check that it turns its claims red. Exit 1 when a fault goes unnoticed in any run.",
     )
@@ -411,7 +426,7 @@ def faults_cli(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=1, help="runs of each fault (default 1; a fault must be caught in every run)")
     p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
     p.add_argument("--report-dir", type=Path, default=_root() / "reports", help="where faults.json is written (default reports/)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds one fault run may take (default 600)")
+    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds one fault run may take (default 600)")
     p.add_argument("--workers", type=int, default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
     p.add_argument("--all-targets", action="store_true",
                    help="run every claim each fault names, in every run (the per-claim coverage); default: the sweep, which stops each run at the fault's first red claim")

@@ -155,3 +155,43 @@ def test_an_unusable_input_is_one_line_and_a_usage_error(option, make, message, 
 def test_a_whole_checkpoint_passes_the_book_model_checks(tmp_path):
     d = _book_dir(tmp_path)
     assert models.find_book(str(d)) == d
+
+
+# ----------------------------------------------------------------------------------------------
+# the bad-input list: each case is one line on standard error and its exit status, never a traceback
+# ----------------------------------------------------------------------------------------------
+
+
+def _one_line(run: subprocess.CompletedProcess, code: int) -> str:
+    """The one non-empty line a run that must end with ``code`` writes on standard error."""
+    assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Traceback" not in run.stdout + run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.stderr
+    return lines[0]
+
+
+def _cheapinfer(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cheapinfer", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_an_unknown_command_is_one_line_naming_the_valid_ones():
+    line = _one_line(_cheapinfer("nope"), 2)
+    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, engine; "
+                    "python -m cheapinfer --help says what each does)")
+
+
+def test_no_command_prints_the_usage_and_exits_2_and_help_exits_0():
+    bare = _cheapinfer()
+    assert bare.returncode == 2 and bare.stderr.startswith("Command line: ``python -m cheapinfer <command>``.") and bare.stdout == ""
+    for flag in ("-h", "--help"):
+        helped = _cheapinfer(flag)
+        assert helped.returncode == 0 and helped.stdout.startswith("Command line:") and helped.stderr == ""
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf"])
+def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(timeout):
+    line = _one_line(_cheapinfer("faults", f"--timeout={timeout}"), 2)
+    assert line == (f"cheapinfer faults: error: argument --timeout: must be a finite number of seconds > 0, not {timeout} "
+                    "(see cheapinfer faults --help)")
