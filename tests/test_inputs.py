@@ -195,3 +195,65 @@ def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(
     line = _one_line(_cheapinfer("faults", f"--timeout={timeout}"), 2)
     assert line == (f"cheapinfer faults: error: argument --timeout: must be a finite number of seconds > 0, not {timeout} "
                     "(see cheapinfer faults --help)")
+
+
+# ----------------------------------------------------------------------------------------------
+# the options are a pytest11 entry point: known wherever pytest starts, added exactly once
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_twin_dtype_choices_are_the_models_dtypes():
+    from cheapinfer import pytest_options
+
+    assert pytest_options.TWIN_DTYPES == tuple(models.DTYPES)
+
+
+def test_the_options_module_imports_nothing_heavy():
+    """pytest imports every entry point at its start, for any project: no torch there."""
+    code = "import sys, cheapinfer.pytest_options; print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr
+
+
+def test_the_options_are_an_installed_pytest11_entry_point():
+    from importlib.metadata import entry_points
+
+    [ep] = [ep for ep in entry_points(group="pytest11") if ep.name == "cheapinfer"]
+    assert ep.value == "cheapinfer.pytest_options"
+
+
+def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_checkout(tmp_path):
+    """``pytest <checkout>/tests/... -m gpu --report-dir DIR`` from another directory: DIR is the option's value."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py"), "-m", "gpu", "--report-dir", str(out), "-q"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert (out / "run.json").is_file()
+
+
+def test_the_issues_invocation_parses_from_the_checkout(tmp_path):
+    """The failing invocation of the issue, as written: ``pytest -m gpu --report-dir /some/existing/dir`` from the
+    checkout. Collection only (--co), which parses every option and loads the suite's plugin."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "--co", "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "tests collected" in run.stdout.splitlines()[-1], run.stdout[-500:]
+
+
+@pytest.mark.parametrize("how", ["entry-point", "no:cheapinfer", "no-autoload"])
+def test_the_options_are_added_exactly_once_with_or_without_the_entry_point(how, tmp_path):
+    """Loaded by the entry point, the plugin adds no second copy (argparse would refuse); without it
+    (``-p no:cheapinfer``, or no plugin autoloading) the plugin adds them itself."""
+    env = {**os.environ}
+    extra = []
+    if how == "no:cheapinfer":
+        extra = ["-p", "no:cheapinfer"]
+    elif how == "no-autoload":
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        extra = ["-p", "pytest_benchmark.plugin"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "tests/test_budget_cli.py", "--co", "-q",
+                          "--report-dir", str(tmp_path), "--fault", "kv-bytes-counts-query-heads", "--help"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.count("--report-dir=DIR") == 1 and run.stdout.count("chapter claims:") == 1
