@@ -16,17 +16,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .cli import Parser
+from .cli import Parser, nonempty, timing_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _verify(argv: list[str]) -> int:
     p = Parser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
-    p.add_argument("--book-model", metavar="PATH", help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
+    p.add_argument("--book-model", metavar="PATH", type=nonempty, help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (CUDA_VISIBLE_DEVICES picks among the cards first)")
     p.add_argument("--fast", action="store_true", help="skip the claims marked slow")
-    p.add_argument("--report-dir", metavar="DIR", type=Path, default=ROOT / "reports", help="where run.json and errata.md are written (default: reports/ of the checkout)")
+    p.add_argument("--report-dir", metavar="DIR", type=lambda text: Path(nonempty(text)), default=ROOT / "reports",
+                   help="where run.json and errata.md are written (default: reports/ of the checkout)")
     args, rest = p.parse_known_args(argv)
     if not (ROOT / "claims").is_dir():
         p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
@@ -62,7 +63,7 @@ def _verify(argv: list[str]) -> int:
 def _fetch(argv: list[str]) -> int:
     from . import artifacts, models
 
-    Parser(prog="cheapinfer fetch", description="Download the pinned artifacts into " + str(artifacts.cache_dir())).parse_args(argv)
+    Parser(prog="cheapinfer fetch", description="Download the pinned artifacts into the cache (CHEAPINFER_CACHE, else the user cache directory) and convert the stand-in once.").parse_args(argv)
     try:
         for artifact in artifacts.ARTIFACTS.values():
             path = artifacts.fetch(artifact)
@@ -81,6 +82,8 @@ _DELEGATED = {
     "faults": "cheapinfer.faults",
     "engine": "cheapinfer.engine",
 }
+#: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
+_TIMED = ("verify", "faults", "engine")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
               "python -m cheapinfer --help says what each does)", file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
+    if name in _TIMED and not {"-h", "--help"} & set(rest):
+        try:
+            timing_threads()
+        except ValueError as exc:  # checked here: the commands that time read it at import, where it must not fail
+            print(f"cheapinfer {name}: error: {exc}", file=sys.stderr)
+            return 2
     if name in commands:
         return commands[name](rest)
     module = importlib.import_module(_DELEGATED[name])

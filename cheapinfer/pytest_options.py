@@ -20,6 +20,8 @@ import pytest
 NAME = "cheapinfer"
 #: ``--twin-dtype`` choices: the keys of ``cheapinfer.models.DTYPES`` (a self-test checks that they agree).
 TWIN_DTYPES = ("fp32", "fp16", "bf16")
+#: Options naming a path or a name: an empty value is a usage error, never the default.
+NONEMPTY = ("--report-dir", "--corpus", "--book-model", "--fault")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,3 +44,11 @@ def ensure(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> 
     if not pluginmanager.is_registered(sys.modules[__name__]):
         pytest_addoption(parser)
 
+
+def empty_option(config: pytest.Config) -> str | None:
+    """The first of :data:`NONEMPTY` given with an empty value, if any."""
+    for name in NONEMPTY:
+        value = config.getoption(name)
+        if value is not None and not value.strip():
+            return name
+    return None

@@ -156,7 +156,8 @@ def test_every_known_fault_turns_a_claim_red_in_every_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("args, message", [(["--fault", "no-such-fault"], "no such fault"), (["--claims", "NOPE-1"], "no such claim ID")])
+@pytest.mark.parametrize("args, message", [(["--fault", "no-such-fault"], "no such fault"), (["--claims", "NOPE-1"], "no such claim ID"),
+                                           (["--fault", ""], "--fault: the value is empty")])
 def test_unknown_fault_or_claim_is_a_usage_error(args, message):
     proc = subprocess.run([sys.executable, "-m", "pytest", "claims/test_budget.py", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4 and message in proc.stderr, proc.stderr

@@ -197,6 +197,62 @@ def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(
                     "(see cheapinfer faults --help)")
 
 
+@pytest.mark.parametrize("option", ["--report-dir", "--corpus", "--book-model", "--fault"])
+def test_an_empty_option_value_is_a_usage_error_not_the_default(option, tmp_path):
+    """``--fault ''`` used to run green with no fault injected: an empty value is never the default."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_budget_cli.py", "-q", f"{option}="]
+    if option != "--report-dir":
+        cmd.append(f"--report-dir={tmp_path}")
+    line = _one_line(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300), 4)
+    assert line == f"ERROR: {option}: the value is empty (leave the option out for its default)"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--report-dir", "--book-model"])
+def test_an_empty_verify_option_is_a_usage_error(option):
+    line = _one_line(_cheapinfer("verify", option, ""), 2)
+    assert line == f"cheapinfer verify: error: argument {option}: must not be empty (leave the option out for its default) (see cheapinfer verify --help)"
+
+
+def test_an_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
+    line = _one_line(_pytest("tests/test_budget_cli.py", "--hypothesis-profile", "nope", "-q", tmp_path=tmp_path), 4)
+    assert line == "ERROR: --hypothesis-profile nope: no such profile (the suite registers ci and thorough)"
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", ""])
+def test_timing_threads_that_are_not_an_integer_are_a_usage_error(value, tmp_path):
+    """CHEAPINFER_TIMING_THREADS is read when cheapinfer.timing is imported: a bad value must not fail there."""
+    message = (f"CHEAPINFER_TIMING_THREADS={value!r}: expected an integer >= 0 (torch threads while timing on a CPU; "
+               "0 keeps torch's own count)")
+    env = {**os.environ, "CHEAPINFER_TIMING_THREADS": value}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", "tests/test_budget_cli.py", "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert _one_line(run, 4) == f"ERROR: {message}"
+    for command in ("verify", "faults"):
+        assert _one_line(_cheapinfer(command, env={"CHEAPINFER_TIMING_THREADS": value}), 2) == f"cheapinfer {command}: error: {message}"
+
+
+def test_timing_threads_zero_and_a_count_are_accepted():
+    from cheapinfer import cli
+
+    assert cli.timing_threads({}) == 1
+    assert cli.timing_threads({"CHEAPINFER_TIMING_THREADS": "0"}) == 0 and cli.timing_threads({"CHEAPINFER_TIMING_THREADS": "4"}) == 4
+
+
+@pytest.mark.parametrize("where", ["file", "below-a-file"])
+def test_a_cache_that_is_a_file_is_one_line(where, tmp_path):
+    """CHEAPINFER_CACHE pointing at a file (or below one): pytest's usage error, and fetch's one-line error."""
+    (tmp_path / "cache").write_text("a file")
+    cache = tmp_path / "cache" if where == "file" else tmp_path / "cache" / "sub"
+    expected = f"CHEAPINFER_CACHE={cache}: {tmp_path / 'cache'} is a file, not a directory; point CHEAPINFER_CACHE at a directory"
+    env = {"CHEAPINFER_CACHE": str(cache)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path / 'r'}", "tests/test_budget_cli.py", "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    assert _one_line(run, 4) == f"ERROR: {expected}"
+    assert _one_line(_cheapinfer("fetch", env=env), 1) == f"cheapinfer fetch: error: {expected}"
+    assert (tmp_path / "cache").read_text() == "a file"
+
+
 # ----------------------------------------------------------------------------------------------
 # the options are a pytest11 entry point: known wherever pytest starts, added exactly once
 # ----------------------------------------------------------------------------------------------
