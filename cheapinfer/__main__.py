@@ -12,6 +12,7 @@ engine   the batching workload through vLLM, the reference engine (needs vllm-cp
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ def _verify(argv: list[str]) -> int:
     args, rest = p.parse_known_args(argv)
     if not (ROOT / "claims").is_dir():
         p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
+    from . import report
     from .device import DeviceUnavailable, pick
 
     try:
@@ -46,18 +48,22 @@ def _verify(argv: list[str]) -> int:
         cmd += ["--book-model", args.book_model]
     if args.fast:
         cmd += ["-m", "not slow"]
+    # This run's record is runs/<stamp>-<run id>.json: an id, not a pid, which another run (in another PID
+    # namespace, or later) can have too. After a usage error there is no record, and no summary is shown.
+    run_id = report.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
-    run = subprocess.Popen(cmd + ["-r", "fE"] + rest)  # skip reasons are in the report
-    code = run.wait()
-    from . import report
-
-    # Only the record this run wrote (runs/<stamp>-<pid>.json): after a usage error there is none, and an
-    # older or a concurrent run's summary is never shown as this one's.
-    mine = sorted((report_dir / report.RUNS_DIR).glob(f"*-{run.pid}.json")) + sorted((report_dir / report.RUNS_DIR).glob(f"*-{run.pid}-*.json"))
+    code = _run(cmd + ["-r", "fE"] + rest, {**os.environ, report.RUN_ID_VARIABLE: run_id})  # skip reasons are in the report
+    runs = report_dir / report.RUNS_DIR
+    mine = sorted(runs.glob(f"*-{run_id}.json")) + sorted(runs.glob(f"*-{run_id}-*.json"))
     if mine:
         print("\n".join(["", *report.summary_table(report.load(mine[-1])), "", f"Run record: {mine[-1]}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` (the suite's pytest) to its end: its exit status."""
+    return subprocess.call(cmd, env=env)
 
 
 def _fetch(argv: list[str]) -> int:
