@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,18 +53,57 @@ def _verify(argv: list[str]) -> int:
     # namespace, or later) can have too. After a usage error there is no record, and no summary is shown.
     run_id = report.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
-    code = _run(cmd + ["-r", "fE"] + rest, {**os.environ, report.RUN_ID_VARIABLE: run_id})  # skip reasons are in the report
+    code, interrupted = _run_interruptibly(cmd + ["-r", "fE"] + rest, {**os.environ, report.RUN_ID_VARIABLE: run_id})  # skip reasons are in the report
     runs = report_dir / report.RUNS_DIR
     mine = sorted(runs.glob(f"*-{run_id}.json")) + sorted(runs.glob(f"*-{run_id}-*.json"))
+    if interrupted:
+        kept = f"its record so far: {mine[-1]}" if mine else "it recorded nothing"
+        print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
+        return 128 + signal.SIGINT
     if mine:
         print("\n".join(["", *report.summary_table(report.load(mine[-1])), "", f"Run record: {mine[-1]}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd`` (the suite's pytest) to its end: its exit status."""
-    return subprocess.call(cmd, env=env)
+class _Interrupt(Exception):
+    """Ctrl-C reached ``verify`` (raised by its SIGINT handler, to end a blocking wait)."""
+
+
+def _run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
+    """Run ``cmd`` (the suite's pytest) to its end: (exit status, whether Ctrl-C interrupted it).
+
+    The child starts with SIGINT ignored, and its plugin takes Ctrl-C once its session can end cleanly
+    (it keeps the record of what it measured). On Ctrl-C this process passes SIGINT on, again every half
+    second until the child takes it (the terminal's own SIGINT may come while the child still ignores it);
+    the child ignores every one after the first. A second Ctrl-C here stops the child (SIGTERM). Neither
+    process prints a traceback.
+    """
+
+    def on_sigint(signum, frame):
+        raise _Interrupt
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started with Ctrl-C ignored (a background job): so be it
+        return subprocess.call(cmd, env=env), False
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child
+    try:
+        child = subprocess.Popen(cmd, env=env)
+        signal.signal(signal.SIGINT, on_sigint)
+        interrupts = 0
+        while True:
+            try:
+                if interrupts:
+                    child.send_signal(signal.SIGINT if interrupts == 1 else signal.SIGTERM)
+                    code = child.wait(timeout=0.5)
+                else:
+                    code = child.wait()
+                return code, bool(interrupts)
+            except subprocess.TimeoutExpired:
+                continue
+            except _Interrupt:
+                interrupts += 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _fetch(argv: list[str]) -> int:

@@ -8,9 +8,11 @@ import errno
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -257,9 +259,9 @@ def test_verify_gives_each_run_a_new_id_and_finds_no_summary_without_its_record(
 
     def child(cmd, env):
         seen.append(env[report.RUN_ID_VARIABLE])
-        return 4
+        return 4, False
 
-    monkeypatch.setattr(cli, "_run", child)
+    monkeypatch.setattr(cli, "_run_interruptibly", child)
     for _ in range(2):
         assert cli.main(["verify", "--report-dir", str(tmp_path)]) == 4
     assert len(set(seen)) == 2 and capsys.readouterr().out == ""
@@ -280,3 +282,35 @@ def test_verify_in_a_fresh_pid_namespace_prints_no_older_runs_summary(tmp_path):
     assert _usage_error(run) == "ERROR: --perturb: no such claim ID: KV-NOPE"
     assert "**all**" not in run.stdout and "Run record" not in run.stdout
 
+
+# ----------------------------------------------------------------------------------------------
+# Ctrl-C during verify: one line, exit 130, the run's own record kept (marked), the latest untouched
+# ----------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_verify_keeps_what_was_measured_and_replaces_nothing(tmp_path):
+    out = tmp_path / "reports"
+    before = _seeded(out)
+    # Two tests: Ctrl-C comes once the first has passed (its dot is printed), during the second (a few seconds).
+    cmd = [sys.executable, "-m", "cheapinfer", "verify", "--report-dir", str(out),
+           "-k", "test_kv_cache_is_12288_bytes_per_token or test_head_recompute_over_cached_grows_with_n"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen = b""
+    deadline = time.monotonic() + 240
+    while b"." not in seen and time.monotonic() < deadline:
+        chunk = os.read(proc.stdout.fileno(), 1)
+        if not chunk:
+            break
+        seen += chunk
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground process group
+    rest, err = proc.communicate(timeout=240)
+    stdout, stderr = (seen + rest).decode(), err.decode()
+    assert proc.returncode == 130, stdout[-3000:] + stderr[-3000:]
+    assert "Traceback" not in stdout + stderr
+    [line] = [line for line in stderr.splitlines() if line.strip()]
+    [kept] = [k for k in (out / report.RUNS_DIR).glob("*.json") if not k.name.endswith(report.BENCHMARKS_SUFFIX)]
+    assert line == (f"cheapinfer verify: interrupted; its record so far: {kept}; "
+                    "the latest run.json and errata.md were not replaced")
+    record = report.load(kept)
+    assert record["run"]["interrupted"] is True and record["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
+    assert _unchanged(out, before)
