@@ -289,12 +289,15 @@ def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_check
 
 
 def test_the_issues_invocation_parses_from_the_checkout(tmp_path):
-    """The failing invocation of the issue, as written: ``pytest -m gpu --report-dir /some/existing/dir`` from the
-    checkout. Collection only (--co), which parses every option and loads the suite's plugin."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "--co", "-q"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """The failing invocation of the issue, as written, from the checkout: ``pytest -m gpu --report-dir /some/existing/dir``.
+    Without CUDA every selected claim is skipped with the reason, exit 0 (with CUDA: collection only, --co)."""
+    import torch
+
+    co = ["--co"] if torch.cuda.is_available() else []
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "-q", *co],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "tests collected" in run.stdout.splitlines()[-1], run.stdout[-500:]
+    assert co or (" skipped" in run.stdout.splitlines()[-1] and " passed" not in run.stdout.splitlines()[-1]), run.stdout[-500:]
 
 
 @pytest.mark.parametrize("how", ["entry-point", "no:cheapinfer", "no-autoload"])
