@@ -24,13 +24,12 @@ from .cli import timing_threads
 #: [896, 4864] product took 24 ms on two threads against 3 ms on one, and a decode step at
 #: context 1,024 came out 2x slower than at 16 while the machine was busy). One thread gives
 #: ratios that survive a busy machine. ``CHEAPINFER_TIMING_THREADS=0`` leaves torch's default.
-#: A value that is not an integer >= 0 leaves the default here, and its message in ``TIMING_THREADS_ERROR``:
-#: the commands and the pytest plugin refuse to start with it (one line, a usage error), before any import
-#: of this module could fail.
+#: A value that is not an integer >= 0 leaves the default here (an import must not fail): the commands
+#: that time and the pytest plugin refuse it first, with one line (``cli.timing_threads``).
 try:
-    TIMING_THREADS, TIMING_THREADS_ERROR = timing_threads(), None
-except ValueError as exc:
-    TIMING_THREADS, TIMING_THREADS_ERROR = 1, str(exc)
+    TIMING_THREADS = timing_threads()
+except ValueError:
+    TIMING_THREADS = 1
 
 
 @contextlib.contextmanager
