@@ -11,24 +11,29 @@ engine   the batching workload through vLLM, the reference engine (needs vllm-cp
 
 from __future__ import annotations
 
-import argparse
 import importlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from .cli import Parser, nonempty, timing_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _verify(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
-    p.add_argument("--book-model", metavar="PATH", help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
+    p = Parser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
+    p.add_argument("--book-model", metavar="PATH", type=nonempty, help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (CUDA_VISIBLE_DEVICES picks among the cards first)")
     p.add_argument("--fast", action="store_true", help="skip the claims marked slow")
-    p.add_argument("--report-dir", metavar="DIR", type=Path, default=ROOT / "reports", help="where run.json and errata.md are written (default: reports/ of the checkout)")
+    p.add_argument("--report-dir", metavar="DIR", type=lambda text: Path(nonempty(text)), default=ROOT / "reports",
+                   help="where run.json and errata.md are written (default: reports/ of the checkout)")
     args, rest = p.parse_known_args(argv)
     if not (ROOT / "claims").is_dir():
         p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
+    from . import report
     from .device import DeviceUnavailable, pick
 
     try:
@@ -44,24 +49,67 @@ def _verify(argv: list[str]) -> int:
         cmd += ["--book-model", args.book_model]
     if args.fast:
         cmd += ["-m", "not slow"]
+    # This run's record is runs/<stamp>-<run id>.json: an id, not a pid, which another run (in another PID
+    # namespace, or later) can have too. After a usage error there is no record, and no summary is shown.
+    run_id = report.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
-    run = subprocess.Popen(cmd + ["-r", "fE"] + rest)  # skip reasons are in the report
-    code = run.wait()
-    from . import report
-
-    # Only the record this run wrote (runs/<stamp>-<pid>.json): after a usage error there is none, and an
-    # older or a concurrent run's summary is never shown as this one's.
-    mine = sorted((report_dir / report.RUNS_DIR).glob(f"*-{run.pid}.json")) + sorted((report_dir / report.RUNS_DIR).glob(f"*-{run.pid}-*.json"))
+    code, interrupted = _run_interruptibly(cmd + ["-r", "fE"] + rest, {**os.environ, report.RUN_ID_VARIABLE: run_id})  # skip reasons are in the report
+    runs = report_dir / report.RUNS_DIR
+    mine = sorted(runs.glob(f"*-{run_id}.json")) + sorted(runs.glob(f"*-{run_id}-*.json"))
+    if interrupted:
+        kept = f"its record so far: {mine[-1]}" if mine else "it recorded nothing"
+        print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
+        return 128 + signal.SIGINT
     if mine:
         print("\n".join(["", *report.summary_table(report.load(mine[-1])), "", f"Run record: {mine[-1]}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 
 
+class _Interrupt(Exception):
+    """Ctrl-C reached ``verify`` (raised by its SIGINT handler, to end a blocking wait)."""
+
+
+def _run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
+    """Run ``cmd`` (the suite's pytest) to its end: (exit status, whether Ctrl-C interrupted it).
+
+    The child starts with SIGINT ignored, and its plugin takes Ctrl-C once its session can end cleanly
+    (it keeps the record of what it measured). On Ctrl-C this process passes SIGINT on, again every half
+    second until the child takes it (the terminal's own SIGINT may come while the child still ignores it);
+    the child ignores every one after the first. A second Ctrl-C here stops the child (SIGTERM). Neither
+    process prints a traceback.
+    """
+
+    def on_sigint(signum, frame):
+        raise _Interrupt
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started with Ctrl-C ignored (a background job): so be it
+        return subprocess.call(cmd, env=env), False
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child
+    try:
+        child = subprocess.Popen(cmd, env=env)
+        signal.signal(signal.SIGINT, on_sigint)
+        interrupts = 0
+        while True:
+            try:
+                if interrupts:
+                    child.send_signal(signal.SIGINT if interrupts == 1 else signal.SIGTERM)
+                    code = child.wait(timeout=0.5)
+                else:
+                    code = child.wait()
+                return code, bool(interrupts)
+            except subprocess.TimeoutExpired:
+                continue
+            except _Interrupt:
+                interrupts += 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _fetch(argv: list[str]) -> int:
     from . import artifacts, models
 
-    argparse.ArgumentParser(prog="cheapinfer fetch", description="Download the pinned artifacts into " + str(artifacts.cache_dir())).parse_args(argv)
+    Parser(prog="cheapinfer fetch", description="Download the pinned artifacts into the cache (CHEAPINFER_CACHE, else the user cache directory) and convert the stand-in once.").parse_args(argv)
     try:
         for artifact in artifacts.ARTIFACTS.values():
             path = artifacts.fetch(artifact)
@@ -80,15 +128,30 @@ _DELEGATED = {
     "faults": "cheapinfer.faults",
     "engine": "cheapinfer.engine",
 }
+#: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
+_TIMED = ("verify", "faults", "engine")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"verify": _verify, "fetch": _fetch}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in {**commands, **_DELEGATED}:
+    if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    if argv[0] not in {**commands, **_DELEGATED}:
+        print(f"cheapinfer: error: unknown command {argv[0]!r} (commands: {', '.join([*commands, *_DELEGATED])}; "
+              "python -m cheapinfer --help says what each does)", file=sys.stderr)
+        return 2
     name, rest = argv[0], argv[1:]
+    if name in _TIMED and not {"-h", "--help"} & set(rest):
+        try:
+            timing_threads()
+        except ValueError as exc:  # checked here: the commands that time read it at import, where it must not fail
+            print(f"cheapinfer {name}: error: {exc}", file=sys.stderr)
+            return 2
     if name in commands:
         return commands[name](rest)
     module = importlib.import_module(_DELEGATED[name])

@@ -89,9 +89,15 @@ ARTIFACTS = {a.key: a for a in (STAND_IN, CORPUS)}
 
 
 def cache_dir() -> Path:
-    """``CHEAPINFER_CACHE`` if set, else the platform's user cache directory."""
-    root = os.environ.get("CHEAPINFER_CACHE") or platformdirs.user_cache_dir("cheapinfer")
-    return Path(root).expanduser()
+    """``CHEAPINFER_CACHE`` if set, else the platform's user cache directory; ArtifactError, one line, when that
+    path (or the nearest part of it that exists) is not a directory."""
+    given = os.environ.get("CHEAPINFER_CACHE")
+    root = Path(given or platformdirs.user_cache_dir("cheapinfer")).expanduser()
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = f"CHEAPINFER_CACHE={given}" if given else f"the cache directory {root}"
+        raise ArtifactError(f"{what}: {existing} is a file, not a directory; point CHEAPINFER_CACHE at a directory")
+    return root
 
 
 def index_url() -> str:
@@ -106,8 +112,18 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _not_a_file(path: Path) -> ArtifactError:
+    return ArtifactError(f"{path}: not a file (a directory or another kind of entry stands where the cache keeps a file); "
+                         f"it is not used. Delete it and run `{FETCH_COMMAND}` again.")
+
+
 def _verify(path: Path, expected: str) -> None:
-    actual = sha256(path)
+    if not path.is_file():
+        raise _not_a_file(path)
+    try:
+        actual = sha256(path)
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc}); it is not used") from None
     if actual != expected:
         raise ArtifactError(
             f"{path}: sha256 {actual} does not match the pinned {expected}; the file is not used. "
@@ -212,13 +228,17 @@ def _extract(artifact: Artifact, dist: Path, out) -> None:
 def fetch(artifact: Artifact) -> Path:
     """The artifact's member file, from the cache or downloaded into it; hashes always checked."""
     dest = cache_dir() / "artifacts" / artifact.key
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArtifactError(f"{dest}: cannot make the cache folder ({exc.strerror or exc}); delete what stands there, "
+                            f"or point CHEAPINFER_CACHE at another directory") from None
     member = dest / Path(artifact.member).name
-    if member.exists():
+    if member.exists() or member.is_symlink():
         _verify(member, artifact.member_sha256)
         return member
     dist = dest / artifact.dist_file
-    if dist.exists():
+    if dist.exists() or dist.is_symlink():
         _verify(dist, artifact.dist_sha256)
     else:
         dist = _download(artifact, dest)
@@ -273,8 +293,12 @@ def check_manifest(folder: Path, what: str) -> dict[str, Any]:
     for name, expected in files.items():
         path = folder / name
         if not path.is_file():
-            raise ArtifactError(f"{path}: recorded in the manifest of {what} with sha256 {expected}, but missing; nothing in {folder} is used. {fix}")
-        actual = sha256(path)
+            found = "but not a file" if path.exists() else "but missing"
+            raise ArtifactError(f"{path}: recorded in the manifest of {what} with sha256 {expected}, {found}; nothing in {folder} is used. {fix}")
+        try:
+            actual = sha256(path)
+        except OSError as exc:
+            raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc}); nothing in {folder} is used. {fix}") from None
         if actual != expected:
             raise ArtifactError(
                 f"{path}: sha256 {actual} differs from {expected}, recorded when {what} was made; nothing in {folder} is used. {fix}"

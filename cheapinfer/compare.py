@@ -8,6 +8,7 @@ moved beyond its tolerance, and exits 1 on a regression:
 - a result that was *reproduced*, *shape holds* or a confirmed *erratum* and now *deviates* (for an
   erratum: its digits reproduce now, or something else broke), or is *not run* because its
   test raised before a verdict (e.g. a library update broke an import); a skip is not a regression;
+- a claim of BEFORE that AFTER lacks (it *vanished*); a claim new in AFTER is a change, not a regression;
 - a value that moved beyond its tolerance. For a quantity with a digits check the tolerance is the
   check's own (``exact``: any change; ``rel``: ``tol`` x the book's value; ``abs``: ``tol``). For a
   quantity checked only by shape (ratios of timings, growth factors, fractions) against a bound, it
@@ -21,11 +22,14 @@ moved beyond its tolerance, and exits 1 on a regression:
 Every change to *not run* is printed with its reason; one whose test raised before a verdict is a
 *harness error* (the suite or a library broke, not the claim) and is listed apart from the claims that
 changed. Exit status: 0 no regression, 1 regression (harness errors of a passing claim included), 2 usage
-error or a record that cannot be read or is ill-formed (one line).
+error or a record that cannot be read or is ill-formed (one line): not JSON, another suite's record or a
+schema this version does not read, a verdict it does not know (``registry.VERDICTS``), or a value it cannot
+read (an integer beyond the range of a float, text that is not Unicode).
 
 ``python -m cheapinfer merge A B C ...`` puts several run records into one claim x machine matrix
 (Markdown; ``--json`` for JSON), each machine labelled by its GPU (or CPU) name and the versions of
-torch, transformers and bitsandbytes.
+torch, transformers and bitsandbytes. ``-o FILE`` overwrites only a matrix ``merge`` wrote earlier (the
+Markdown matrix begins with :data:`MATRIX_MARK`), never one of the records or any other file, unless ``--force``.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import registry
+from .cli import Parser
 from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
-from .report import KEY_ENVIRONMENT, RECORD_NAME, load, machine_label, markdown_table
+from .report import KEY_ENVIRONMENT, RECORD_NAME, SCHEMA, load, machine_label, markdown_table
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
 BAND = 0.25
@@ -48,6 +54,10 @@ BAND = 0.25
 _PASSING = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
 #: How the plugin words the reason of a claim whose test raised before a verdict (an error, not a skip).
 ERROR_REASON = "error before a verdict"
+#: ``Change.what`` of a claim that one of the records lacks: vanished from AFTER (a regression), or new in it.
+CLAIM = "claim"
+#: The record schemas this version reads.
+SCHEMAS = (SCHEMA,)
 
 
 @dataclass
@@ -66,7 +76,9 @@ class Change:
 
     def line(self) -> str:
         tag = "HARNESS" if self.harness else "REGRESSION" if self.regression else "changed"
-        if self.what == "verdict":
+        if self.what == CLAIM:
+            body = f"vanished: {self.before} -> absent from the later record" if self.regression else f"new: absent from the earlier record -> {self.after}"
+        elif self.what == "verdict":
             body = f"verdict: {self.before} -> {self.after}" + (f" ({self.reason})" if self.reason else "")
         else:
             body = f"{self.what}: {_v(self.before)} -> {_v(self.after)} (moved beyond {self.tolerance})"
@@ -78,9 +90,13 @@ def _v(value: Any) -> str:
 
 
 def _number(value: Any) -> float | None:
+    """``value`` as a float, or None when it is no number (or an integer beyond the range of a float)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def _by_profile(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -176,8 +192,8 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
     ids = list(after["claims"]) + [cid for cid in before["claims"] if cid not in after["claims"]]
     for cid in ids:
         a_claim, b_claim = before["claims"].get(cid), after["claims"].get(cid)
-        if a_claim is None or b_claim is None:
-            changes.append(Change(cid, "-", "verdict", a_claim["verdict"] if a_claim else "absent", b_claim["verdict"] if b_claim else "absent", "", False))
+        if a_claim is None or b_claim is None:  # a claim that vanished is a regression; a new one is a change
+            changes.append(Change(cid, "-", CLAIM, a_claim["verdict"] if a_claim else "absent", b_claim["verdict"] if b_claim else "absent", "", b_claim is None))
             continue
         a_results, b_results = _by_profile(a_claim), _by_profile(b_claim)
         if _unselected(a_results) or _unselected(b_results):
@@ -227,16 +243,58 @@ def _expect(cond: bool, where: str, what: str) -> None:
         raise RecordError(f"{where}: expected {what}")
 
 
+def _name(key: str) -> str:
+    """A key of the record as it can be printed."""
+    try:
+        key.encode("utf-8")
+        return key
+    except UnicodeEncodeError:
+        return ascii(key)
+
+
+def _readable(record: Any) -> None:
+    """RecordError naming the first value no reader of the record can use: an integer beyond the range of a
+    float (it overflows every comparison), or text that is not Unicode (a lone surrogate: it cannot be printed)."""
+    stack: list[tuple[str, Any]] = [("", record)]
+    while stack:  # iterative: a deep record is judged here, not by the interpreter's recursion limit
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                at = f"{where}.{_name(k)}" if where else _name(k)
+                stack += [(f"{at} (its name)", k), (at, v)]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, str) and _name(value) != value:
+            raise RecordError(f"{where or 'the record'}: text that is not Unicode ({_name(value)[:60]})")
+        elif isinstance(value, int) and not isinstance(value, bool) and _number(value) is None:
+            raise RecordError(f"{where or 'the record'}: an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits, beyond the range of a float")
+
+
 def check_record(record: Any) -> None:
-    """RecordError naming the first entry of ``record`` that is not what ``compare`` and ``merge`` read."""
+    """RecordError naming the first entry of ``record`` that is not what ``compare`` and ``merge`` read.
+
+    A run record of this suite (``suite`` "cheapinfer <version>") in a schema this version reads, with the
+    verdicts of ``registry.VERDICTS`` only, and only values that can be compared and printed.
+    """
     _expect(isinstance(record, dict), "the record", "a JSON object")
+    suite = record.get("suite")
+    _expect(isinstance(suite, str) and suite.split(" ")[0] == "cheapinfer", "'suite'",
+            f"'cheapinfer <version>', not {suite!r}" if "suite" in record else "'cheapinfer <version>', and the record has none")
+    schema = record.get("schema")
+    _expect(type(schema) is int and schema in SCHEMAS, "'schema'",
+            f"{' or '.join(map(str, SCHEMAS))} (the schemas this version reads), not {schema!r}" if "schema" in record
+            else f"{' or '.join(map(str, SCHEMAS))}, and the record has none")
+    _readable(record)  # before any message quotes a claim ID
     _expect(isinstance(record.get("claims"), dict), "'claims'", "an object of claims by ID")
     for key in ("environment", "run"):
         _expect(isinstance(record.get(key, {}), dict), f"'{key}'", "an object")
+    verdicts = registry.VERDICTS  # read now: a verdict added to the registry is known here at once
+    known = ", ".join(verdicts)
     for cid, claim in record["claims"].items():
         where = f"claim {cid}"
         _expect(isinstance(claim, dict), where, "an object")
         _expect(isinstance(claim.get("verdict"), str), f"{where}: 'verdict'", "a string")
+        _expect(claim["verdict"] in verdicts, f"{where}: 'verdict'", f"one of {known}, not {claim['verdict']!r}")
         _expect(isinstance(claim.get("section"), str) and isinstance(claim.get("statement"), str), where, "a text 'section' and 'statement'")
         _expect(isinstance(claim.get("book", {}), dict), f"{where}: 'book'", "an object")
         _expect(isinstance(claim.get("checks", []), list), f"{where}: 'checks'", "a list")
@@ -250,6 +308,7 @@ def check_record(record: Any) -> None:
         for i, r in enumerate(claim.get("results", [])):
             at = f"{where}: results[{i}]"
             _expect(isinstance(r, dict) and isinstance(r.get("profile"), str) and isinstance(r.get("verdict"), str), at, "an object with a 'profile' and a 'verdict'")
+            _expect(r["verdict"] in verdicts, f"{at}: 'verdict'", f"one of {known}, not {r['verdict']!r}")
             _expect(isinstance(r.get("reason", ""), str), f"{at}: 'reason'", "a string")
             _expect(isinstance(r.get("checks", []), list), f"{at}: 'checks'", "a list")
             for j, chk in enumerate(r.get("checks", [])):
@@ -307,7 +366,7 @@ def _band(text: str) -> float:
 
 
 def compare_cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="cheapinfer compare",
         description="Claims whose verdict changed or whose measured value moved beyond its tolerance between two run records. Exit 1 on a regression.",
     )
@@ -320,11 +379,11 @@ def compare_cli(argv: list[str]) -> int:
     before, after = _load(p.prog, args.before), _load(p.prog, args.after)
     try:
         changes = annotate(compare(before, after, args.band), after)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a shape check_record does not cover
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:  # a shape check_record does not cover
         _fail(p.prog, f"{args.before} or {args.after} is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
     if args.verdicts_only:
         for c in changes:
-            c.regression = c.regression and c.what == "verdict"
+            c.regression = c.regression and c.what in ("verdict", CLAIM)
     regressions = [c for c in changes if c.regression]
     harness = [c for c in changes if c.harness]
     if args.json:
@@ -409,10 +468,14 @@ def merge(records: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
     return {"machines": machines, "summary": summary, "claims": claims}
 
 
+#: The first line of every Markdown matrix: ``merge -o`` overwrites a Markdown file only when it begins with it.
+MATRIX_MARK = "<!-- claims x machines matrix, written by python -m cheapinfer merge -->"
+
+
 def merge_markdown(records: list[dict[str, Any]], sources: list[str]) -> str:
     matrix = merge(records, sources)
     labels = [m["label"] for m in matrix["machines"]]
-    lines = ["# Claims x machines", "", "## Machines", ""]
+    lines = [MATRIX_MARK, "# Claims x machines", "", "## Machines", ""]
     lines += markdown_table(
         ["machine", "device", *KEY_ENVIRONMENT, "created", "record"],
         [[m["label"], m["device"], *(m["environment"].get(k, "?") for k in KEY_ENVIRONMENT), m["created"], m["source"]] for m in matrix["machines"]],
@@ -429,7 +492,7 @@ def merge_markdown(records: list[dict[str, Any]], sources: list[str]) -> str:
 
 
 def merge_cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
+    p = Parser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
     p.add_argument("records", nargs="+", type=Path, help="run.json files, or the report directories holding them")
     p.add_argument("--json", action="store_true", help="write JSON instead of Markdown")
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of standard output")
@@ -443,7 +506,7 @@ def merge_cli(argv: list[str]) -> int:
     sources = [str(path) for path in args.records]
     try:
         text = json.dumps(merge(records, sources), indent=1, default=str) + "\n" if args.json else merge_markdown(records, sources)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a shape check_record does not cover
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:  # a shape check_record does not cover
         _fail(p.prog, f"a record is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
     if args.output:
         try:
@@ -465,11 +528,17 @@ def _overwrite_refusal(output: Path, records: list[Path], as_json: bool) -> str 
     inputs = {(r / RECORD_NAME if r.is_dir() else r).resolve() for r in records}
     if output.resolve() in inputs:
         return "it is one of the records being merged"
-    if not as_json:
-        return None if output.suffix.lower() in (".md", ".markdown") else "it exists and is not a Markdown file"
     try:
-        previous = json.loads(output.read_text(encoding="utf-8"))
+        text = output.read_text(encoding="utf-8")
     except (OSError, ValueError):
+        text = None
+    if not as_json:
+        if text is not None and text.split("\n", 1)[0] == MATRIX_MARK:
+            return None
+        return "it exists and is not a Markdown matrix written by merge (its first line is not the matrix's mark)"
+    try:
+        previous = json.loads(text) if text is not None else None
+    except ValueError:
         previous = None
     if isinstance(previous, dict) and {"machines", "summary", "claims"} <= set(previous):
         return None

@@ -24,6 +24,7 @@ A fault is registered with :func:`fault`::
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
@@ -156,8 +157,47 @@ def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> 
         os._exit(code)
 
 
+class Halted(Exception):
+    """The runner was stopped (:func:`halt`): no fault run starts, the running ones were killed."""
+
+
+#: The pytest processes of the fault runs now running, and whether the runner was stopped.
+_live: set = set()
+_live_lock = threading.Lock()
+_halted = threading.Event()
+
+
+def halt() -> None:
+    """Stop the runner: no fault run starts any more, and every running one is killed (SIGKILL)."""
+    with _live_lock:
+        _halted.set()
+        for child in list(_live):
+            child.kill()
+
+
+def _started(start: Callable[[], Any]) -> Any:
+    """``start()`` a fault run's process and track it, unless the runner was stopped (then :class:`Halted`)."""
+    with _live_lock:
+        if _halted.is_set():
+            raise Halted()
+        child = start()
+        _live.add(child)
+        return child
+
+
+def _ended(child: Any) -> None:
+    with _live_lock:
+        _live.discard(child)
+    if _halted.is_set():  # killed by halt(): what it left is no result
+        raise Halted()
+
+
 def _pytest(args: list[str], root: Path, threads: int | None, timeout: float, log: Path) -> tuple[int | None, str]:
-    """``python -m pytest args`` in ``root``: (exit status, or None on timeout; the output's last line)."""
+    """``python -m pytest args`` in ``root``: (exit status, or None on timeout; the output's last line).
+
+    The process is tracked while it runs: :func:`halt` kills it. On any exception here (SIGTERM in the
+    thread that waits for it) it is killed before the exception goes on.
+    """
     import os
     import subprocess
     import sys
@@ -165,18 +205,40 @@ def _pytest(args: list[str], root: Path, threads: int | None, timeout: float, lo
     ctx = _fork_context()
     if ctx is None:  # no fork here: a fresh interpreter per run
         env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+        proc = _started(lambda: subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=root, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, text=True, env=env))
         try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             return None, ""
-        return proc.returncode, ((proc.stdout + proc.stderr).strip().splitlines() or ["no output"])[-1]
-    child = ctx.Process(target=_pytest_child, args=(args, str(root), threads, str(log)), daemon=True)
-    child.start()
-    child.join(timeout)
-    if child.is_alive():
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            _ended(proc)
+        return proc.returncode, ((out + err).strip().splitlines() or ["no output"])[-1]
+
+    def start():
+        child = ctx.Process(target=_pytest_child, args=(args, str(root), threads, str(log)), daemon=True)
+        child.start()
+        return child
+
+    child = _started(start)
+    try:
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            return None, ""
+    except BaseException:
         child.kill()
         child.join()
-        return None, ""
+        raise
+    finally:
+        _ended(child)
     try:
         tail = (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["no output"])[-1]
     except OSError:
@@ -336,11 +398,18 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
     before = (last_run(outdir) or {}).get("faults", {})
     slow = slow_claims()
     first.sort(key=lambda job: (-float((before.get(job[0]) or {}).get("seconds", 0) or 0), not set(job[2]) & slow))
+    _halted.clear()
     with tempfile.TemporaryDirectory(prefix="cheapinfer-faults-") as tmp:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        try:
             list(pool.map(lambda job: step(*job, tmp, False, "counted"), first))
-        for job in second():
-            step(*job, tmp, True, "clocked")
+            for job in second():
+                step(*job, tmp, True, "clocked")
+        except BaseException:  # SIGTERM (faults_cli), Ctrl-C: the running fault runs end now, before the folder goes
+            halt()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     results: dict[str, Any] = {}
     for n in names:
@@ -397,13 +466,28 @@ def table(result: dict[str, Any]) -> list[str]:
     return markdown_table(["fault", "kind", "claim", "verdict under the fault"], rows)
 
 
-def faults_cli(argv: list[str]) -> int:
+def _seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds > 0 (argparse type)."""
     import argparse
-    import json
-    import os
-    from pathlib import Path
+    import math
 
-    p = argparse.ArgumentParser(
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
+    return value
+
+
+def faults_cli(argv: list[str]) -> int:
+    """``python -m cheapinfer faults``; SIGTERM stops the fault runs, removes their temporary directory, exit 143."""
+    import signal
+    import sys
+
+    from .cli import Parser
+
+    p = Parser(
         prog="cheapinfer faults",
         description="Inject each known fault into the measured system and check that it turns its claims red. Exit 1 when a fault goes unnoticed in any run.",
     )
@@ -411,11 +495,39 @@ def faults_cli(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=1, help="runs of each fault (default 1; a fault must be caught in every run)")
     p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
     p.add_argument("--report-dir", type=Path, default=_root() / "reports", help="where faults.json is written (default reports/)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds one fault run may take (default 600)")
+    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds one fault run may take (default 600)")
     p.add_argument("--workers", type=int, default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
     p.add_argument("--all-targets", action="store_true",
                    help="run every claim each fault names, in every run (the per-claim coverage); default: the sweep, which stops each run at the fault's first red claim")
     args = p.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _faults(p, args)
+    except (_Terminated, KeyboardInterrupt) as exc:
+        sig = signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT
+        print(f"cheapinfer faults: {'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted'}: the running fault runs "
+              "were stopped and their temporary directory removed; nothing was written", file=sys.stderr)
+        return 128 + sig
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM reached ``python -m cheapinfer faults``."""
+
+
+def _terminate(signum, frame) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not break the cleanup
+    raise _Terminated()
+
+
+def _faults(p, args) -> int:
+    import json
+
+    from .report import atomic_write
+
     faults = catalogue()
     unknown = [n for n in args.names if n not in faults]
     if unknown:
@@ -441,8 +553,6 @@ def faults_cli(argv: list[str]) -> int:
     print(f"Claims no known fault turns red: {', '.join(result['uncovered']) or 'none'}")
     args.report_dir.mkdir(parents=True, exist_ok=True)
     target = args.report_dir / RESULT_NAME
-    tmp = target.with_name(f".{RESULT_NAME}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(target)
+    atomic_write((target, json.dumps(result, indent=1) + "\n"))
     print(f"written: {target}")
     return 1 if missed else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 import time
 from collections import Counter
@@ -24,8 +25,12 @@ from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOL
 
 RECORD_NAME = "run.json"
 ERRATA_NAME = "errata.md"
-#: Every run's own record, ``<report dir>/runs/<UTC stamp>-<pid>.json``, beside the latest ``run.json``.
+#: Every run's own record, ``<report dir>/runs/<UTC stamp>-<run id>.json``, beside the latest ``run.json``.
 RUNS_DIR = "runs"
+#: A run's pytest-benchmark JSON beside its own record: ``runs/<UTC stamp>-<run id>.benchmarks.json``.
+BENCHMARKS_SUFFIX = ".benchmarks.json"
+#: The run id ``python -m cheapinfer verify`` gives its pytest, which names that run's record with it.
+RUN_ID_VARIABLE = "CHEAPINFER_RUN_ID"
 SCHEMA = 1
 #: The environment entries a reader needs to compare two runs, in the order the report shows them.
 KEY_ENVIRONMENT = ("cpu", "gpu", "driver", "cuda", "torch", "transformers", "bitsandbytes", "gguf")
@@ -128,45 +133,96 @@ def writable_dir(path: Path) -> Path:
     return path
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: readers see the old file or the new one."""
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
-        tmp = Path(f.name)
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte of ``data`` to the file descriptor ``fd`` (an OSError such as ENOSPC propagates)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _staged(path: Path, data: str | bytes) -> Path:
+    """``data`` in a new temporary file beside ``path`` (removed again if writing it fails), ready to be renamed over it.
+
+    The file gets the mode any file the user writes gets: 0666 less the umask (``open(..., "w")`` does the same).
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
         try:
-            f.write(text)
-        except BaseException:
-            f.close()
-            tmp.unlink()
-            raise
-    os.replace(tmp, path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        try:
+            _write_all(fd, raw)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def atomic_write(*files: tuple[Path, str | bytes]) -> None:
+    """Write each ``(path, data)`` to a temporary file beside ``path``, then rename them over their paths: readers
+    see the old files or the new ones, never a part. On any failure (a full disk, an interrupt) before the
+    renames, every temporary file is removed and no path is touched."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            staged.append((_staged(Path(path), data), Path(path)))
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)  # already renamed, unless something failed
 
 
 def _json(record: dict[str, Any]) -> str:
     return json.dumps(record, indent=1, sort_keys=False, default=str) + "\n"
 
 
-def keep(record: dict[str, Any], outdir: Path) -> Path:
-    """This run's own copy of the record, ``runs/<UTC stamp>-<pid>.json``: concurrent and repeated runs lose nothing."""
-    runs = Path(outdir) / RUNS_DIR
+def _stamp(record: dict[str, Any]) -> str:
+    return str(record.get("created", "")).replace("-", "").replace(":", "") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def new_run_id() -> str:
+    """A run's identity: unique across processes, machines and PID namespaces (a pid repeats; this does not)."""
+    return secrets.token_hex(6)
+
+
+def keep(record: dict[str, Any], outdir: Path, benchmarks: Path | None = None) -> Path:
+    """This run's own copy of the record, ``runs/<UTC stamp>-<run id>.json``: concurrent and repeated runs lose nothing.
+
+    The run id is ``record["run"]["id"]`` (:func:`new_run_id` when there is none). ``benchmarks``: this run's
+    pytest-benchmark JSON, copied beside the record (``runs/<same name>.benchmarks.json``, which the next run
+    does not overwrite); ``record["run"]["benchmarks"]`` then names the copy, relative to ``outdir``.
+    """
+    outdir = Path(outdir)
+    runs = outdir / RUNS_DIR
     runs.mkdir(parents=True, exist_ok=True)
-    stamp = str(record.get("created", "")).replace("-", "").replace(":", "") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    base = f"{stamp}-{os.getpid()}"
+    base = f"{_stamp(record)}-{record.get('run', {}).get('id') or new_run_id()}"
     path, n = runs / f"{base}.json", 1
-    while path.exists():  # the same process, twice in one second; other processes have other pids
+    while path.exists():  # the same run id twice in one second (a record kept again)
         n += 1
         path = runs / f"{base}-{n}.json"
-    _atomic_write(path, _json(record))
+    if benchmarks is not None:
+        copy = path.with_name(f"{path.stem}{BENCHMARKS_SUFFIX}")
+        atomic_write((copy, Path(benchmarks).read_bytes()))
+        record.setdefault("run", {})["benchmarks"] = str(copy.relative_to(outdir))
+    atomic_write((path, _json(record)))
     return path
 
 
 def write(record: dict[str, Any], outdir: Path) -> tuple[Path, Path]:
-    """The latest record and errata report (``run.json``, ``errata.md``), each replaced atomically."""
+    """The latest record and errata report (``run.json``, ``errata.md``), replaced together: both are written in
+    full before either is renamed into place, so a failure (a full disk) leaves the previous pair as it was."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    rec = outdir / RECORD_NAME
-    _atomic_write(rec, _json(record))
-    md = outdir / ERRATA_NAME
-    _atomic_write(md, markdown(record))
+    rec, md = outdir / RECORD_NAME, outdir / ERRATA_NAME
+    atomic_write((rec, _json(record)), (md, markdown(record)))
     return rec, md
 
 

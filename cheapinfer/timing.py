@@ -9,7 +9,6 @@ call is timed by :func:`cheapinfer.accel.elapsed`: CUDA events on a GPU, ``perf_
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -17,6 +16,7 @@ from typing import Callable, Mapping
 import torch
 
 from .accel import elapsed, sync
+from .cli import timing_threads
 
 
 #: torch intra-op threads while timing on a CPU. One thread: on a CPU shared with other work a
@@ -24,7 +24,12 @@ from .accel import elapsed, sync
 #: [896, 4864] product took 24 ms on two threads against 3 ms on one, and a decode step at
 #: context 1,024 came out 2x slower than at 16 while the machine was busy). One thread gives
 #: ratios that survive a busy machine. ``CHEAPINFER_TIMING_THREADS=0`` leaves torch's default.
-TIMING_THREADS = int(os.environ.get("CHEAPINFER_TIMING_THREADS", "1"))
+#: A value that is not an integer >= 0 leaves the default here (an import must not fail): the commands
+#: that time and the pytest plugin refuse it first, with one line (``cli.timing_threads``).
+try:
+    TIMING_THREADS = timing_threads()
+except ValueError:
+    TIMING_THREADS = 1
 
 
 @contextlib.contextmanager

@@ -204,3 +204,32 @@ def test_fetch_on_a_hash_mismatch_is_one_line_and_exit_1(fake_index):
     assert run.returncode == 1, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("cheapinfer fetch: error: ")]
     assert len(errors) == 1 and artifacts.STAND_IN.dist_sha256 in errors[0] and "Traceback" not in run.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# a cache entry of the wrong kind: one line naming it, never a traceback, never used
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", ["member", "distribution"])
+def test_a_directory_where_the_cache_keeps_a_file_is_refused_by_name(entry, temp_cache):
+    """The extracted GGUF, or the downloaded wheel, is a directory: an ArtifactError naming it, nothing opened."""
+    folder = temp_cache / "artifacts" / artifacts.STAND_IN.key
+    path = folder / (Path(artifacts.STAND_IN.member).name if entry == "member" else artifacts.STAND_IN.dist_file)
+    path.mkdir(parents=True)
+    with pytest.raises(artifacts.ArtifactError) as err:
+        artifacts.fetch(artifacts.STAND_IN)
+    assert str(err.value) == (f"{path}: not a file (a directory or another kind of entry stands where the cache keeps a file); "
+                              "it is not used. Delete it and run `python -m cheapinfer fetch` again.")
+    run = subprocess.run([sys.executable, "-m", "cheapinfer", "fetch"], cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert [line for line in run.stderr.splitlines() if line.strip()] == [f"cheapinfer fetch: error: {err.value}"]
+    assert path.is_dir()
+
+
+def test_a_converted_file_that_is_a_directory_is_refused_by_name(real_conversion, temp_cache):
+    folder = _copy_conversion(real_conversion, temp_cache)
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+    with pytest.raises(artifacts.ArtifactError, match=r"config.json: recorded in the manifest of the converted stand-in with sha256 \w+, but not a file"):
+        models.convert_stand_in()

@@ -1,5 +1,6 @@
 """compare and merge on bad input: one line and exit 2, never a traceback or the regression code;
-merge never overwrites a record; every change to *not run* carries its reason, harness errors apart."""
+merge never overwrites a record or a file it did not write; every change to *not run* carries its reason,
+harness errors apart; a claim that vanished is a regression."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import compare as cmp, report
+from cheapinfer import compare as cmp, registry, report
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 
@@ -64,10 +65,29 @@ def _broken(kind: str) -> dict | bytes:
         del spec["tol"]
     elif kind == "verdict-a-number":
         next(iter(rec["claims"].values()))["verdict"] = 3
+    elif kind == "another-suite":
+        rec["suite"] = "otherbench 2.0"
+    elif kind == "no-suite":
+        del rec["suite"]
+    elif kind == "another-schema":
+        rec["schema"] = 2
+    elif kind == "no-schema":
+        del rec["schema"]
+    elif kind == "unknown-claim-verdict":
+        next(iter(rec["claims"].values()))["verdict"] = "maybe"
+    elif kind == "unknown-result-verdict":
+        _first_result(rec)["verdict"] = "maybe"
+    elif kind == "huge-measured":
+        _first_result(rec)["checks"][0]["measured"] = 10**400
+    elif kind == "huge-book":
+        next(c for c in rec["claims"].values() if c["book"])["book"].update(huge=-(10**400))
+    elif kind == "not-unicode":
+        _first_result(rec)["reason"] = "\ud800"
     return rec
 
 
-KINDS = ["not-json", "not-utf8", "not-an-object", "claims-a-list", "result-without-profile", "check-without-asserted", "digits-spec-without-tol", "verdict-a-number"]
+KINDS = ["not-json", "not-utf8", "not-an-object", "claims-a-list", "result-without-profile", "check-without-asserted", "digits-spec-without-tol", "verdict-a-number",
+         "another-suite", "no-suite", "another-schema", "no-schema", "unknown-claim-verdict", "unknown-result-verdict", "huge-measured", "huge-book", "not-unicode"]
 
 
 def _write(data, path: Path) -> Path:
@@ -82,7 +102,63 @@ def test_compare_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path
     assert str(bad) in line
 
 
-@pytest.mark.parametrize("kind", ["claims-a-list", "result-without-profile", "check-without-asserted"])
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("another-suite", "'suite': expected 'cheapinfer <version>', not 'otherbench 2.0'"),
+        ("no-suite", "'suite': expected 'cheapinfer <version>', and the record has none"),
+        ("another-schema", "'schema': expected 1 (the schemas this version reads), not 2"),
+        ("no-schema", "'schema': expected 1, and the record has none"),
+        ("unknown-claim-verdict", f"claim KV-IDENTITY: 'verdict': expected one of {', '.join(registry.VERDICTS)}, not 'maybe'"),
+        ("unknown-result-verdict", f"claim KV-IDENTITY: results[0]: 'verdict': expected one of {', '.join(registry.VERDICTS)}, not 'maybe'"),
+        ("huge-measured", "claims.KV-IDENTITY.results[0].checks[0].measured: an integer of about 401 digits, beyond the range of a float"),
+        ("not-unicode", "claims.KV-IDENTITY.results[0].reason: text that is not Unicode ('\\ud800')"),
+    ],
+)
+def test_compare_names_what_it_cannot_read_in_one_line_through_the_command_line(kind, message, tmp_path):
+    """Another suite's record, a schema this version does not read, an unknown verdict, a value beyond a float:
+    one line on standard error, exit 2, no traceback (and never the regression code)."""
+    bad = _write(_broken(kind), tmp_path / "run.json")
+    run = subprocess.run([sys.executable, "-m", "cheapinfer", "compare", str(RECORD), str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and run.stdout == ""
+    [line] = [line for line in run.stderr.splitlines() if line.strip()]
+    assert line == f"cheapinfer compare: error: {bad} is not a well-formed run record of this suite: {message}"
+
+
+def test_a_verdict_added_to_the_registry_is_read_without_another_change(monkeypatch):
+    """compare reads the known verdicts from registry.VERDICTS when it checks a record."""
+    rec = _record()
+    next(iter(rec["claims"].values()))["verdict"] = "inconclusive"
+    if "inconclusive" not in registry.VERDICTS:
+        with pytest.raises(cmp.RecordError, match="not 'inconclusive'"):
+            cmp.check_record(rec)
+        monkeypatch.setattr(registry, "VERDICTS", (*registry.VERDICTS, "inconclusive"))
+    cmp.check_record(rec)
+
+
+def test_a_huge_value_compares_without_an_overflow():
+    """Value handling never raises on an integer beyond a float, even where check_record is not asked first."""
+    assert cmp._number(10**400) is None
+    assert cmp._moved(10**400, 10**400 + 1, "rel", 0.25) and not cmp._moved(10**400, 10**400, "abs", 1.0)
+
+
+def test_a_claim_that_vanished_is_a_regression_and_a_new_one_is_not(tmp_path, capsys):
+    before = _record()
+    after = copy.deepcopy(before)
+    gone = next(cid for cid, c in before["claims"].items() if c["verdict"] == "reproduced")
+    del after["claims"][gone]
+    a, b = _write(before, tmp_path / "before.json"), _write(after, tmp_path / "after.json")
+    for extra in ([], ["--verdicts-only"]):
+        assert cmp.compare_cli([str(a), str(b), *extra]) == 1
+        out = capsys.readouterr().out.splitlines()
+        assert f"REGRESSION  {gone} [-] vanished: reproduced -> absent from the later record" in out
+        assert out[-1].startswith(f"{len(before['claims'])} claims compared: 1 regression(s), 0 other change(s)")
+    assert cmp.compare_cli([str(b), str(a)]) == 0  # the same claim, new in AFTER
+    assert f"changed     {gone} [-] new: absent from the earlier record -> reproduced" in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("kind", ["claims-a-list", "result-without-profile", "check-without-asserted", "another-suite", "unknown-result-verdict", "huge-measured"])
 def test_merge_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path, capsys):
     bad = _write(_broken(kind), tmp_path / "run.json")
     line = _exit_2([str(RECORD), str(bad)], cmp.merge_cli, capsys)
@@ -107,13 +183,26 @@ def test_merge_refuses_to_overwrite_one_of_its_records(tmp_path, capsys):
     assert rec.read_bytes() == RECORD.read_bytes()
 
 
-def test_merge_refuses_to_overwrite_a_file_that_is_not_markdown_unless_forced(tmp_path, capsys):
-    other = tmp_path / "notes.txt"
-    other.write_text("keep me")
+@pytest.mark.parametrize("name", ["notes.txt", "README.md", "empty.md"])
+def test_merge_refuses_to_overwrite_a_file_it_did_not_write_unless_forced(name, tmp_path, capsys):
+    other = tmp_path / name
+    other.write_text("" if name == "empty.md" else "# Claims x machines\nkeep me\n")
+    kept = other.read_text()
     line = _exit_2([str(RECORD), "-o", str(other)], cmp.merge_cli, capsys)
-    assert "not a Markdown file" in line and other.read_text() == "keep me"
+    assert line == (f"cheapinfer merge: error: -o {other}: it exists and is not a Markdown matrix written by merge "
+                    "(its first line is not the matrix's mark); nothing was written (pass --force to overwrite it)")
+    assert other.read_text() == kept
     assert cmp.merge_cli([str(RECORD), "-o", str(other), "--force"]) == 0
-    assert other.read_text().startswith("# Claims x machines")
+    assert other.read_text().splitlines()[:2] == [cmp.MATRIX_MARK, "# Claims x machines"]
+
+
+def test_merge_over_a_readme_through_the_command_line_is_one_line_and_exit_2(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# A project\n")
+    run = subprocess.run([sys.executable, "-m", "cheapinfer", "merge", str(RECORD), "-o", str(readme)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [line] = [line for line in run.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"cheapinfer merge: error: -o {readme}: it exists and is not a Markdown matrix") and readme.read_text() == "# A project\n"
 
 
 def test_merge_overwrites_its_own_earlier_output(tmp_path):

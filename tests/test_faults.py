@@ -5,8 +5,11 @@ The sweep of the whole catalogue is ``python -m cheapinfer faults`` (every claim
 runs it only for one cheap fault, end to end.
 """
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +159,61 @@ def test_every_known_fault_turns_a_claim_red_in_every_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("args, message", [(["--fault", "no-such-fault"], "no such fault"), (["--claims", "NOPE-1"], "no such claim ID")])
+@pytest.mark.parametrize("args, message", [(["--fault", "no-such-fault"], "no such fault"), (["--claims", "NOPE-1"], "no such claim ID"),
+                                           (["--fault", ""], "--fault: the value is empty")])
 def test_unknown_fault_or_claim_is_a_usage_error(args, message):
     proc = subprocess.run([sys.executable, "-m", "pytest", "claims/test_budget.py", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4 and message in proc.stderr, proc.stderr
+
+
+def _processes_with(marker: str) -> list[int]:
+    """The processes whose environment carries ``marker`` (the runner and everything it started)."""
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in env.read_bytes():
+                found.append(int(env.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the runner's processes through /proc")
+def test_sigterm_stops_the_fault_runs_and_removes_their_temporary_directory(tmp_path):
+    """SIGTERM during a fault run: its pytest is stopped, cheapinfer-faults-* is removed, one line, exit 143."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    marker = f"CHEAPINFER_TEST_MARK={tmp_path.name}"
+    env = {**os.environ, "TMPDIR": str(temp), "CHEAPINFER_TEST_MARK": tmp_path.name}
+    # EVAL-TABLE's fault runs for a minute and more: long enough to be stopped in the middle.
+    proc = subprocess.Popen([sys.executable, "-m", "cheapinfer", "faults", "eval-ppl-windows-overlap", "--report-dir", str(tmp_path / "out")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not list(temp.glob("cheapinfer-faults-*/*/pytest.log")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert list(temp.glob("cheapinfer-faults-*/*/pytest.log")), "no fault run started"
+    time.sleep(1)
+    assert len(_processes_with(marker)) >= 2  # the runner and the fault run's pytest
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-2000:] + err[-2000:]
+    assert "Traceback" not in out + err
+    assert [line for line in err.splitlines() if line.strip()] == [
+        "cheapinfer faults: terminated (SIGTERM): the running fault runs were stopped and their temporary directory removed; nothing was written"
+    ]
+    assert not list(temp.glob("cheapinfer-faults-*")) and not (tmp_path / "out" / faults.RESULT_NAME).exists()
+    deadline = time.monotonic() + 30  # the fork server notices its parent is gone and exits
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(marker) == []
+
+
+def test_a_halted_runner_starts_no_fault_run(monkeypatch):
+    """After halt() (SIGTERM), a worker that was about to start a fault's pytest does not."""
+    monkeypatch.setattr(faults, "_fork_context", lambda: None)
+    faults.halt()
+    try:
+        with pytest.raises(faults.Halted):
+            faults._pytest(["--version"], ROOT, 1, 60, Path("unused.log"))
+    finally:
+        faults._halted.clear()

@@ -155,3 +155,164 @@ def test_an_unusable_input_is_one_line_and_a_usage_error(option, make, message, 
 def test_a_whole_checkpoint_passes_the_book_model_checks(tmp_path):
     d = _book_dir(tmp_path)
     assert models.find_book(str(d)) == d
+
+
+# ----------------------------------------------------------------------------------------------
+# the bad-input list: each case is one line on standard error and its exit status, never a traceback
+# ----------------------------------------------------------------------------------------------
+
+
+def _one_line(run: subprocess.CompletedProcess, code: int) -> str:
+    """The one non-empty line a run that must end with ``code`` writes on standard error."""
+    assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Traceback" not in run.stdout + run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.stderr
+    return lines[0]
+
+
+def _cheapinfer(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cheapinfer", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_an_unknown_command_is_one_line_naming_the_valid_ones():
+    line = _one_line(_cheapinfer("nope"), 2)
+    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, engine; "
+                    "python -m cheapinfer --help says what each does)")
+
+
+def test_no_command_prints_the_usage_and_exits_2_and_help_exits_0():
+    bare = _cheapinfer()
+    assert bare.returncode == 2 and bare.stderr.startswith("Command line: ``python -m cheapinfer <command>``.") and bare.stdout == ""
+    for flag in ("-h", "--help"):
+        helped = _cheapinfer(flag)
+        assert helped.returncode == 0 and helped.stdout.startswith("Command line:") and helped.stderr == ""
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf"])
+def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(timeout):
+    line = _one_line(_cheapinfer("faults", f"--timeout={timeout}"), 2)
+    assert line == (f"cheapinfer faults: error: argument --timeout: must be a finite number of seconds > 0, not {timeout} "
+                    "(see cheapinfer faults --help)")
+
+
+@pytest.mark.parametrize("option", ["--report-dir", "--corpus", "--book-model", "--fault"])
+def test_an_empty_option_value_is_a_usage_error_not_the_default(option, tmp_path):
+    """``--fault ''`` used to run green with no fault injected: an empty value is never the default."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_budget_cli.py", "-q", f"{option}="]
+    if option != "--report-dir":
+        cmd.append(f"--report-dir={tmp_path}")
+    line = _one_line(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300), 4)
+    assert line == f"ERROR: {option}: the value is empty (leave the option out for its default)"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--report-dir", "--book-model"])
+def test_an_empty_verify_option_is_a_usage_error(option):
+    line = _one_line(_cheapinfer("verify", option, ""), 2)
+    assert line == f"cheapinfer verify: error: argument {option}: must not be empty (leave the option out for its default) (see cheapinfer verify --help)"
+
+
+def test_an_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
+    line = _one_line(_pytest("tests/test_budget_cli.py", "--hypothesis-profile", "nope", "-q", tmp_path=tmp_path), 4)
+    assert line == "ERROR: --hypothesis-profile nope: no such profile (the suite registers ci and thorough)"
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", ""])
+def test_timing_threads_that_are_not_an_integer_are_a_usage_error(value, tmp_path):
+    """CHEAPINFER_TIMING_THREADS is read when cheapinfer.timing is imported: a bad value must not fail there."""
+    message = (f"CHEAPINFER_TIMING_THREADS={value!r}: expected an integer >= 0 (torch threads while timing on a CPU; "
+               "0 keeps torch's own count)")
+    env = {**os.environ, "CHEAPINFER_TIMING_THREADS": value}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", "tests/test_budget_cli.py", "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert _one_line(run, 4) == f"ERROR: {message}"
+    for command in ("verify", "faults"):
+        assert _one_line(_cheapinfer(command, env={"CHEAPINFER_TIMING_THREADS": value}), 2) == f"cheapinfer {command}: error: {message}"
+
+
+def test_timing_threads_zero_and_a_count_are_accepted():
+    from cheapinfer import cli
+
+    assert cli.timing_threads({}) == 1
+    assert cli.timing_threads({"CHEAPINFER_TIMING_THREADS": "0"}) == 0 and cli.timing_threads({"CHEAPINFER_TIMING_THREADS": "4"}) == 4
+
+
+@pytest.mark.parametrize("where", ["file", "below-a-file"])
+def test_a_cache_that_is_a_file_is_one_line(where, tmp_path):
+    """CHEAPINFER_CACHE pointing at a file (or below one): pytest's usage error, and fetch's one-line error."""
+    (tmp_path / "cache").write_text("a file")
+    cache = tmp_path / "cache" if where == "file" else tmp_path / "cache" / "sub"
+    expected = f"CHEAPINFER_CACHE={cache}: {tmp_path / 'cache'} is a file, not a directory; point CHEAPINFER_CACHE at a directory"
+    env = {"CHEAPINFER_CACHE": str(cache)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path / 'r'}", "tests/test_budget_cli.py", "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    assert _one_line(run, 4) == f"ERROR: {expected}"
+    assert _one_line(_cheapinfer("fetch", env=env), 1) == f"cheapinfer fetch: error: {expected}"
+    assert (tmp_path / "cache").read_text() == "a file"
+
+
+# ----------------------------------------------------------------------------------------------
+# the options are a pytest11 entry point: known wherever pytest starts, added exactly once
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_twin_dtype_choices_are_the_models_dtypes():
+    from cheapinfer import pytest_options
+
+    assert pytest_options.TWIN_DTYPES == tuple(models.DTYPES)
+
+
+def test_the_options_module_imports_nothing_heavy():
+    """pytest imports every entry point at its start, for any project: no torch there."""
+    code = "import sys, cheapinfer.pytest_options; print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr
+
+
+def test_the_options_are_an_installed_pytest11_entry_point():
+    from importlib.metadata import entry_points
+
+    [ep] = [ep for ep in entry_points(group="pytest11") if ep.name == "cheapinfer"]
+    assert ep.value == "cheapinfer.pytest_options"
+
+
+def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_checkout(tmp_path):
+    """``pytest <checkout>/tests/... -m gpu --report-dir DIR`` from another directory: DIR is the option's value."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py"), "-m", "gpu", "--report-dir", str(out), "-q"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert (out / "run.json").is_file()
+
+
+def test_the_issues_invocation_parses_from_the_checkout(tmp_path):
+    """The failing invocation of the issue, as written, from the checkout: ``pytest -m gpu --report-dir /some/existing/dir``.
+    Without CUDA every selected claim is skipped with the reason, exit 0 (with CUDA: collection only, --co)."""
+    import torch
+
+    co = ["--co"] if torch.cuda.is_available() else []
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "-q", *co],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert co or (" skipped" in run.stdout.splitlines()[-1] and " passed" not in run.stdout.splitlines()[-1]), run.stdout[-500:]
+
+
+@pytest.mark.parametrize("how", ["entry-point", "no:cheapinfer", "no-autoload"])
+def test_the_options_are_added_exactly_once_with_or_without_the_entry_point(how, tmp_path):
+    """Loaded by the entry point, the plugin adds no second copy (argparse would refuse); without it
+    (``-p no:cheapinfer``, or no plugin autoloading) the plugin adds them itself."""
+    env = {**os.environ}
+    extra = []
+    if how == "no:cheapinfer":
+        extra = ["-p", "no:cheapinfer"]
+    elif how == "no-autoload":
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        extra = ["-p", "pytest_benchmark.plugin"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "tests/test_budget_cli.py", "--co", "-q",
+                          "--report-dir", str(tmp_path), "--fault", "kv-bytes-counts-query-heads", "--help"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.count("--report-dir=DIR") == 1 and run.stdout.count("chapter claims:") == 1

@@ -1,14 +1,18 @@
-"""Run records are never lost: the report directory is checked first, every run keeps its own record,
-the latest is replaced atomically, and pytest works from any directory.
+"""Run records are never lost: the report directory is checked first, every run keeps its own record (and
+its timings), the latest is replaced atomically and only by a run that ran, and pytest works from any directory.
 
 The runs select one arithmetic claim (KV-BYTES-FORMULA), so each takes a few seconds.
 """
 
+import errno
 import json
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,17 +21,19 @@ from cheapinfer import report
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_CLAIM = ["claims/test_kv_cache.py::test_kv_cache_is_12288_bytes_per_token"]
+#: A claim whose test is timed (pytest-benchmark writes its JSON), in about 3 s.
+ONE_TIMED_CLAIM = ["claims/test_kv_cache.py::test_head_recompute_over_cached_grows_with_n"]
 
 
 def _pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
-def _usage_error(run: subprocess.CompletedProcess) -> str:
-    """The one ERROR line of a pytest usage error (exit 4), with no traceback."""
-    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+def _usage_error(run: subprocess.CompletedProcess, code: int = 4) -> str:
+    """The one line on standard error of a run that ends with ``code`` (a pytest usage error: 4), with no traceback."""
+    assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Traceback" not in run.stdout + run.stderr
-    lines = [line for line in run.stderr.splitlines() if line.startswith("ERROR: ")]
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, run.stderr
     return lines[0]
 
@@ -61,8 +67,9 @@ def test_two_concurrent_runs_into_one_directory_keep_both_records(tmp_path):
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     kept = sorted((out / report.RUNS_DIR).glob("*.json"))
-    assert sorted(int(k.stem.rsplit("-", 1)[1]) for k in kept) == sorted(p.pid for p in procs)
     records = [json.loads(k.read_text()) for k in kept]
+    assert len(kept) == 2 and [k.stem.rsplit("-", 1)[1] for k in kept] == [r["run"]["id"] for r in records]
+    assert records[0]["run"]["id"] != records[1]["run"]["id"]
     assert all(r["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced" for r in records)
     assert json.loads((out / report.RECORD_NAME).read_text()) in records  # the latest is one of them, whole
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
@@ -77,7 +84,7 @@ def test_pytest_runs_from_another_directory(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads((elsewhere / "out" / report.RECORD_NAME).read_text())
     assert record["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
-    assert record["run"]["benchmarks"] == "benchmarks.json"  # <report dir>/benchmarks.json
+    assert record["run"]["benchmarks"] is None  # nothing timed: no timings, and none of another run named
     assert not (elsewhere / "reports").exists()
 
 
@@ -110,3 +117,200 @@ def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path):
     assert len(kept) == 1 and f"Run record: {kept[0]}" in run.stdout
     summary = report.summary_table(report.load(kept[0]))
     assert "\n".join(summary) in run.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# a run that did not run replaces nothing; a record that cannot be written is one line
+# ----------------------------------------------------------------------------------------------
+
+
+def _seeded(out: Path) -> dict[str, bytes]:
+    """A report directory holding an earlier run's run.json and errata.md; their bytes."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = report.load(ROOT / "tests" / "data" / "run-record.json")
+    report.write(record, out)
+    return {name: (out / name).read_bytes() for name in (report.RECORD_NAME, report.ERRATA_NAME)}
+
+
+def _unchanged(out: Path, before: dict[str, bytes]) -> bool:
+    return {name: (out / name).read_bytes() for name in before} == before
+
+
+def test_a_usage_error_in_the_marker_expression_replaces_no_record(tmp_path):
+    """``pytest -m "nto slow"`` (exit 4) used to replace run.json and errata.md with an empty record."""
+    out = tmp_path / "reports"
+    before = _seeded(out)
+    run = _pytest("claims/test_kv_cache.py", "-m", "nto slow", f"--report-dir={out}")
+    assert _usage_error(run) == "ERROR: Wrong expression passed to '-m': nto slow: at column 5: expected end of input; got identifier"
+    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+
+
+def test_a_collection_error_replaces_no_record(tmp_path):
+    out = tmp_path / "reports"
+    before = _seeded(out)
+    broken = tmp_path / "test_broken.py"
+    broken.write_text("def test_broken(:\n")
+    run = _pytest(str(broken), *ONE_CLAIM, f"--rootdir={ROOT}", f"--report-dir={out}")
+    assert run.returncode == 2 and "1 error during collection" in run.stdout, run.stdout[-2000:]
+    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+
+
+@pytest.mark.parametrize("where", ["below-a-file", "a-directory"])
+def test_an_unwritable_benchmark_json_is_a_usage_error_before_any_test(where, tmp_path):
+    """pytest-benchmark writes its JSON after the last test; failing there used to lose the run's record."""
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "benchmarks.json" if where == "below-a-file" else tmp_path
+    line = _usage_error(_pytest(*ONE_TIMED_CLAIM, f"--report-dir={tmp_path / 'out'}", f"--benchmark-json={path}"))
+    message = f"its directory {tmp_path / 'file'}: it is a file, not a directory" if where == "below-a-file" else "it is a directory, not a file"
+    assert line == f"ERROR: --benchmark-json {path}: {message}"
+    assert not (tmp_path / "out" / report.RECORD_NAME).exists()
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_leaves_the_previous_record_and_no_temporary_file(tmp_path, monkeypatch):
+    before = _seeded(tmp_path)
+    monkeypatch.setattr(report, "_write_all", _enospc)
+    record = report.load(ROOT / "tests" / "data" / "run-record.json")
+    record["created"] = "2030-01-01T00:00:00Z"
+    with pytest.raises(OSError) as err:
+        report.write(record, tmp_path)
+    assert err.value.errno == errno.ENOSPC
+    with pytest.raises(OSError):
+        report.keep(record, tmp_path)
+    assert _unchanged(tmp_path, before)
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(before)  # no .tmp left anywhere
+
+
+def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
+    """The whole path: the plugin's report writing fails with ENOSPC; one ERROR line, the previous pair intact."""
+    out = tmp_path / "reports"
+    before = _seeded(out)
+    (tmp_path / "enospc.py").write_text(
+        "import errno, os\nfrom cheapinfer import report\n\n\ndef pytest_configure(config):\n"
+        "    def full(fd, data):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    report._write_all = full\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "enospc", *ONE_CLAIM, f"--report-dir={out}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    line = _usage_error(run, code=3)
+    assert line == f"ERROR: cannot write this run's record in {out}: No space left on device; the latest run.json and errata.md are as they were"
+    assert _unchanged(out, before)
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_report_files_get_the_mode_the_umask_gives(umask, tmp_path):
+    """Not 0600 (tempfile's mode): 0666 less the umask, as any file the user writes."""
+    old = os.umask(umask)
+    try:
+        record = report.load(ROOT / "tests" / "data" / "run-record.json")
+        kept = report.keep(record, tmp_path)
+        rec, md = report.write(record, tmp_path)
+    finally:
+        os.umask(old)
+    for path in (kept, rec, md):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+
+
+def test_each_run_keeps_its_own_timings(tmp_path):
+    """benchmarks.json is the latest run's; each run's record names the copy of its own timings beside it."""
+    out = tmp_path / "reports"
+    ids = []
+    for _ in range(2):
+        run = _pytest(*ONE_TIMED_CLAIM, f"--report-dir={out}")
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        ids.append(json.loads((out / report.RECORD_NAME).read_text())["run"]["id"])
+    latest = json.loads((out / "benchmarks.json").read_text())
+    for run_id in ids:
+        [kept] = (out / report.RUNS_DIR).glob(f"*-{run_id}.json")
+        record = json.loads(kept.read_text())
+        assert record["run"]["benchmarks"] == f"{report.RUNS_DIR}/{kept.stem}{report.BENCHMARKS_SUFFIX}"
+        timings = json.loads((out / record["run"]["benchmarks"]).read_text())
+        assert timings["benchmarks"][0]["name"] == "test_head_recompute_over_cached_grows_with_n"
+        assert (timings == latest) == (run_id == ids[-1])  # the latest file is the last run's; the first kept its own
+
+
+# ----------------------------------------------------------------------------------------------
+# a run is known by its id, not its pid; verify finds its own record by that id
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_run_id_verify_passes_names_the_record(tmp_path):
+    env = {**os.environ, report.RUN_ID_VARIABLE: "feedc0ffee42"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *ONE_CLAIM, f"--report-dir={tmp_path}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    [kept] = (tmp_path / report.RUNS_DIR).glob("*.json")
+    assert kept.name.endswith("-feedc0ffee42.json") and report.load(kept)["run"]["id"] == "feedc0ffee42"
+
+
+def test_verify_gives_each_run_a_new_id_and_finds_no_summary_without_its_record(tmp_path, monkeypatch, capsys):
+    """The mechanism behind verify's summary: the record of its own run id, else nothing (a usage error)."""
+    from cheapinfer import __main__ as cli
+
+    seen = []
+    runs = tmp_path / report.RUNS_DIR
+    runs.mkdir()
+    for pid in range(1, 50):  # records an older run left, named the old way, by a pid the child may have now
+        shutil.copy(ROOT / "tests" / "data" / "run-record.json", runs / f"20250101T000000Z-{pid}.json")
+
+    def child(cmd, env):
+        seen.append(env[report.RUN_ID_VARIABLE])
+        return 4, False
+
+    monkeypatch.setattr(cli, "_run_interruptibly", child)
+    for _ in range(2):
+        assert cli.main(["verify", "--report-dir", str(tmp_path)]) == 4
+    assert len(set(seen)) == 2 and capsys.readouterr().out == ""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.name != "posix", reason="needs unshare (util-linux)")
+def test_verify_in_a_fresh_pid_namespace_prints_no_older_runs_summary(tmp_path):
+    """In a new PID namespace the child pytest gets a small pid that an older run's record may carry."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --pid is not allowed here: {probe.stderr.decode(errors='replace').strip()}")
+    runs = tmp_path / report.RUNS_DIR
+    runs.mkdir()
+    for pid in range(1, 50):
+        shutil.copy(ROOT / "tests" / "data" / "run-record.json", runs / f"20250101T000000Z-{pid}.json")
+    run = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "cheapinfer", "verify",
+                          "--report-dir", str(tmp_path), "--perturb", "KV-NOPE"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert _usage_error(run) == "ERROR: --perturb: no such claim ID: KV-NOPE"
+    assert "**all**" not in run.stdout and "Run record" not in run.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# Ctrl-C during verify: one line, exit 130, the run's own record kept (marked), the latest untouched
+# ----------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_verify_keeps_what_was_measured_and_replaces_nothing(tmp_path):
+    out = tmp_path / "reports"
+    before = _seeded(out)
+    # Two tests: Ctrl-C comes once the first has passed (its dot is printed), during the second (a few seconds).
+    cmd = [sys.executable, "-m", "cheapinfer", "verify", "--report-dir", str(out),
+           "-k", "test_kv_cache_is_12288_bytes_per_token or test_head_recompute_over_cached_grows_with_n"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen = b""
+    deadline = time.monotonic() + 240
+    while b"." not in seen and time.monotonic() < deadline:
+        chunk = os.read(proc.stdout.fileno(), 1)
+        if not chunk:
+            break
+        seen += chunk
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground process group
+    rest, err = proc.communicate(timeout=240)
+    stdout, stderr = (seen + rest).decode(), err.decode()
+    assert proc.returncode == 130, stdout[-3000:] + stderr[-3000:]
+    assert "Traceback" not in stdout + stderr
+    [line] = [line for line in stderr.splitlines() if line.strip()]
+    [kept] = [k for k in (out / report.RUNS_DIR).glob("*.json") if not k.name.endswith(report.BENCHMARKS_SUFFIX)]
+    assert line == (f"cheapinfer verify: interrupted; its record so far: {kept}; "
+                    "the latest run.json and errata.md were not replaced")
+    record = report.load(kept)
+    assert record["run"]["interrupted"] is True and record["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
+    assert _unchanged(out, before)

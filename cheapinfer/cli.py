@@ -1,0 +1,41 @@
+"""What the commands of ``python -m cheapinfer`` and the pytest plugin share: one-line usage errors, and the
+settings they check before any work (imports nothing heavy: no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Mapping
+
+#: torch threads while timing on a CPU (read by :mod:`cheapinfer.timing`).
+TIMING_THREADS_VARIABLE = "CHEAPINFER_TIMING_THREADS"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (``prog: error: message``), exit status 2.
+
+    argparse's own error prints the whole usage first; ``--help`` still prints it.
+    """
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def nonempty(text: str) -> str:
+    """An option's value that must say something (argparse type): an empty value is not the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave the option out for its default)")
+    return text
+
+
+def timing_threads(environ: Mapping[str, str] = os.environ) -> int:
+    """``CHEAPINFER_TIMING_THREADS`` (default 1); ValueError, one line naming it, unless it is an integer >= 0."""
+    text = environ.get(TIMING_THREADS_VARIABLE, "1")
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{TIMING_THREADS_VARIABLE}={text!r}: expected an integer >= 0 "
+                         "(torch threads while timing on a CPU; 0 keeps torch's own count)")
+    return n

@@ -1,0 +1,54 @@
+"""The suite's pytest options (the ``cheapinfer`` group), known wherever pytest starts.
+
+pytest loads this module as the ``pytest11`` entry point ``cheapinfer`` (see ``pyproject.toml``), before it
+reads the command line to find the rootdir and the checkout's ``conftest.py``. So ``pytest -m gpu
+--report-dir DIR`` parses DIR as the option's value, not as a test path, wherever DIR is. The suite's
+plugin (``fixtures/plugin.py``, which is not installed) uses the options; when this entry point is not
+loaded (``-p no:cheapinfer``, ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, or the package used from a checkout
+without being installed), the plugin adds them itself (:func:`ensure`): they are added exactly once.
+
+Nothing heavy is imported here (no torch): pytest imports every entry point at its start.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+#: The entry point's name: ``-p no:cheapinfer`` leaves it out.
+NAME = "cheapinfer"
+#: ``--twin-dtype`` choices: the keys of ``cheapinfer.models.DTYPES`` (a self-test checks that they agree).
+TWIN_DTYPES = ("fp32", "fp16", "bf16")
+#: Options naming a path or a name: an empty value is a usage error, never the default.
+NONEMPTY = ("--report-dir", "--corpus", "--book-model", "--fault")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("cheapinfer", "chapter claims")
+    g.addoption("--book-model", metavar="PATH", default=None, help="local copy of Qwen2.5-0.5B-Instruct (or base); default: the Hugging Face cache, offline")
+    g.addoption("--book-variant", choices=("instruct", "base"), default="instruct", help="which book model to look up in the Hugging Face cache (default: instruct)")
+    g.addoption("--device", default="auto", help="auto | cpu | cuda[:N] (default auto: CUDA when present)")
+    g.addoption("--twin-dtype", choices=TWIN_DTYPES, default=None, help="dtype of the twin profile for timing claims (default fp32; fp16, as in the book, for -m gpu on CUDA)")
+    g.addoption("--corpus", metavar="PATH", default=None, help="plain-text English prose for perplexity (default: the pinned public-domain corpus)")
+    g.addoption("--report-dir", metavar="DIR", default=None, help="where run.json and errata.md are written (default: reports/ of the checkout)")
+    g.addoption("--perturb", metavar="ID", action="append", default=[], help="move this claim's book values beyond tolerance, to see the comparator turn it red (repeatable)")
+    g.addoption("--fault", metavar="NAME", default=None, help="run with this fault of the measured system injected (python -m cheapinfer faults --list); its claims should deviate")
+    g.addoption("--claims", metavar="IDS", default=None, help="run only the tests of these claims (comma-separated registry IDs)")
+    g.addoption("--stop-on-red", action="store_true", default=False,
+                help="stop after the first claim test that deviates (the fault runner's sweep: one red claim catches the fault)")
+
+
+def ensure(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """Add the options unless this module is registered as a plugin (then pytest added them already)."""
+    if not pluginmanager.is_registered(sys.modules[__name__]):
+        pytest_addoption(parser)
+
+
+def empty_option(config: pytest.Config) -> str | None:
+    """The first of :data:`NONEMPTY` given with an empty value, if any."""
+    for name in NONEMPTY:
+        value = config.getoption(name)
+        if value is not None and not value.strip():
+            return name
+    return None
