@@ -45,13 +45,16 @@ from typing import Any
 
 from . import registry
 from .cli import Parser
-from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 from .report import KEY_ENVIRONMENT, RECORD_NAME, SCHEMA, load, machine_label, markdown_table
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
 BAND = 0.25
 #: Verdicts of a passing test; a confirmed erratum passes (its digits fail as documented).
 _PASSING = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
+#: Verdicts from which a change to *deviates* (or a harness error) is a regression: a passing one, or one that
+#: could not decide (a measurement that now decides red was not red before).
+_BREAKABLE = (*_PASSING, INCONCLUSIVE)
 #: How the plugin words the reason of a claim whose test raised before a verdict (an error, not a skip).
 ERROR_REASON = "error before a verdict"
 #: ``Change.what`` of a claim that one of the records lacks: vanished from AFTER (a regression), or new in it.
@@ -207,7 +210,7 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
             vb = rb["verdict"] if rb else NO_TEST
             if va != vb:
                 broke = vb == DEVIATES or (vb == NOT_RUN and _errored(rb))
-                changes.append(Change(cid, key[0], "verdict", va, vb, "", va in _PASSING and broke))
+                changes.append(Change(cid, key[0], "verdict", va, vb, "", va in _BREAKABLE and broke))
             if not ra or not rb or NOT_RUN in (va, vb):
                 continue
             a_measured = {c["q"]: c["measured"] for c in ra.get("checks", [])}

@@ -12,7 +12,6 @@ Nothing heavy is imported here (no torch): pytest imports every entry point at i
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
@@ -26,6 +25,8 @@ NONEMPTY = ("--report-dir", "--corpus", "--book-model", "--fault")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("cheapinfer", "chapter claims")
+    if any("--book-model" in option.names() for option in g.options):  # added already (the plugin loaded first with -p)
+        return
     g.addoption("--book-model", metavar="PATH", default=None, help="local copy of Qwen2.5-0.5B-Instruct (or base); default: the Hugging Face cache, offline")
     g.addoption("--book-variant", choices=("instruct", "base"), default="instruct", help="which book model to look up in the Hugging Face cache (default: instruct)")
     g.addoption("--device", default="auto", help="auto | cpu | cuda[:N] (default auto: CUDA when present)")
@@ -40,9 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def ensure(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
-    """Add the options unless this module is registered as a plugin (then pytest added them already)."""
-    if not pluginmanager.is_registered(sys.modules[__name__]):
-        pytest_addoption(parser)
+    """Add the options unless they are there already: this module, registered as a plugin, adds them too (the one
+    that comes second adds nothing; with ``-p fixtures.plugin`` the plugin comes first)."""
+    pytest_addoption(parser)
 
 
 def empty_option(config: pytest.Config) -> str | None:

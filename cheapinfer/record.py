@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import registry
-from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
+from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 
 _CLAIM_MARK = re.compile(r"""mark\.claim\(\s*["']([A-Z][A-Z0-9.\-]+)["']""")
 
@@ -61,6 +61,7 @@ class Result:
     test: str = ""
     seconds: float = 0.0
     perturbed: bool = False
+    load: dict[str, Any] = field(default_factory=dict)  # the machine's load around a clocked measurement (load average, CPU steal)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self))
@@ -96,7 +97,10 @@ class Recorder:
                     "passed": o.passed,
                     "asserted": o.asserted,
                     "documented": o.documented,
+                    "decided": o.decided,
                     "why": o.check.why,
+                    **({"noise": o.check.noise, "se": o.se, "bound": o.target, "sigmas": registry.NOISE_SIGMAS} if o.check.noise else {}),
+                    **({"searched": True} if o.check.searched else {}),
                 }
                 for o in judged.outcomes
             ],
@@ -112,12 +116,12 @@ class Recorder:
         return result
 
 
-_RANK = {DEVIATES: 0, ERRATUM: 1, REPRODUCED: 2, SHAPE_HOLDS: 3, NOT_RUN: 4, NO_TEST: 5}
+_RANK = {DEVIATES: 0, INCONCLUSIVE: 1, ERRATUM: 2, REPRODUCED: 3, SHAPE_HOLDS: 4, NOT_RUN: 5, NO_TEST: 6}
 
 
 def overall(results: list[dict[str, Any]]) -> str:
-    """A claim's verdict over its profiles: any deviation wins, then a confirmed erratum, then
-    reproduced digits, then shape."""
+    """A claim's verdict over its profiles: any deviation wins, then a profile that could not decide, then a
+    confirmed erratum, then reproduced digits, then shape."""
     if not results:
         return NO_TEST
     return min((r["verdict"] for r in results), key=_RANK.__getitem__)

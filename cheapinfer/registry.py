@@ -15,7 +15,17 @@ prints. Each claim holds:
   "more than ten times"; ``one_of``, for a printed set such as "two or three"); a *shape* check compares a
   measured value with a ``bound`` (``op`` = ``>``, ``>=``, ``<``, ``<=``, ``==``) and holds on every profile.
   Every check says ``why`` its tolerance is what it is. A check may carry ``requires = "cuda"``:
-  then it is asserted only on a CUDA device and reported elsewhere.
+  then it is asserted only on a CUDA device and reported elsewhere. Two kinds of shape check can leave
+  a claim *inconclusive* instead of failing it (:func:`judge`):
+
+  - ``noise = "rounds"``: a quantity read from timing rounds. The measurement hands ``<q>`` with its
+    standard error over the rounds, ``<q>_se``; the check decides only where the margin to the bound
+    is at least :data:`NOISE_SIGMAS` standard errors (a two-sided z-test at level 0.27% under normal
+    noise), pass or fail. A margin within the noise (after the measurement's extra rounds, up to its
+    budget) decides nothing.
+  - ``searched = true`` on a boolean ``== true`` check: something the claim says exists, searched for
+    over a range the measurement could afford (the range is in the measured values). Not found there
+    decides nothing: the range, not the book, ran out.
 - ``erratum`` (optional): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
   bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
   would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
@@ -50,9 +60,11 @@ ERRATUM = "erratum"
 DEVIATES = "deviates"
 NOT_RUN = "not run"
 NO_TEST = "no test yet"
-VERDICTS = (REPRODUCED, SHAPE_HOLDS, ERRATUM, DEVIATES, NOT_RUN, NO_TEST)
-#: Verdicts under which a claim's test passes (CI stays green).
-GREEN = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
+INCONCLUSIVE = "inconclusive"
+VERDICTS = (REPRODUCED, SHAPE_HOLDS, ERRATUM, INCONCLUSIVE, DEVIATES, NOT_RUN, NO_TEST)
+#: A noisy check decides only where its margin to the bound is at least this many standard errors.
+NOISE_SIGMAS = 3.0
+NOISE_KINDS = ("rounds",)
 
 PROFILES = ("arithmetic", "twin", "stand-in", "book")
 SECTIONS = {
@@ -87,6 +99,13 @@ class Check:
     op: str = ""  # shape: comparison operator
     bound: Any = None  # shape: the bound
     requires: str = ""  # "" or "cuda"
+    noise: str = ""  # shape: "rounds" (the measurement hands <q>_se, the standard error over timing rounds)
+    searched: bool = False  # shape, bool == true: existence searched over an affordable range; not found decides nothing
+
+    @property
+    def se_key(self) -> str:
+        """The measured value that holds this check's standard error (``noise = "rounds"``)."""
+        return f"{self.q}_se"
 
     def describe(self, book: Mapping[str, Any]) -> str:
         if self.kind == "shape":
@@ -177,6 +196,8 @@ class Outcome:
     passed: bool
     asserted: bool  # False where the check is only reported (wrong profile or device)
     documented: bool = False  # the claim's erratum documents this check as failing here
+    decided: bool = True  # False: within its noise, or not found in the range searched (the claim is inconclusive)
+    se: float | None = None  # noise = "rounds": the measured standard error
 
     def message(self, claim: Claim) -> str:
         return (
@@ -194,7 +215,13 @@ class Judgement:
 
     @property
     def failures(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.asserted and not o.passed]
+        """Asserted checks that failed and were decided (a margin within the noise is no failure)."""
+        return [o for o in self.outcomes if o.asserted and o.decided and not o.passed]
+
+    @property
+    def undecided(self) -> list[Outcome]:
+        """Asserted checks the measurement could not decide: within the noise, or not found in the range searched."""
+        return [o for o in self.outcomes if o.asserted and not o.decided]
 
     def messages(self, claim: "Claim") -> list[str]:
         """Why the verdict is ``deviates``: each undocumented failure, and each stale erratum check."""
@@ -204,6 +231,21 @@ class Judgement:
             f"{o.check.describe(claim.book)}; revise the registry's erratum entry"
             for o in self.stale
         ]
+        return out
+
+    def inconclusive_messages(self, claim: "Claim", measured: Mapping[str, Any]) -> list[str]:
+        """Why the verdict is ``inconclusive``: each check the measurement could not decide, with its numbers and what to do."""
+        out = []
+        for o in self.undecided:
+            if o.check.searched:
+                ranges = "; ".join(f"{k} = {fmt(v)}" for k, v in measured.items() if "searched" in k) or "see the measured values"
+                out.append(f"{claim.id} {o.check.q}: not found in the range this device could afford ({ranges}); "
+                           "search further on a device with more memory or time")
+            else:
+                margin = abs(o.measured - o.target) / o.se if o.se else math.inf
+                out.append(f"{claim.id} {o.check.q}: measured {fmt(o.measured)} +- {fmt(o.se)} (standard error over the rounds), "
+                           f"expected {o.check.describe(claim.book)}: the margin is {margin:.1f} standard errors, fewer than the "
+                           f"{NOISE_SIGMAS:g} needed to decide; measure on a quieter machine or with more rounds")
         return out
 
 
@@ -241,8 +283,14 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
     elif kind == "shape":
         if raw.get("op") not in _OPS or "bound" not in raw:
             raise RegistryError(f"{claim_id}: shape check {raw.get('q')!r} needs op in {tuple(_OPS)} and a bound")
+        if "noise" in raw and (raw["noise"] not in NOISE_KINDS or raw["op"] == "==" or not _number(raw["bound"])):
+            raise RegistryError(f"{claim_id}: noisy check {raw.get('q')!r} needs noise in {NOISE_KINDS}, a numeric bound and op < <= > >=")
+        if raw.get("searched") and (raw["op"] != "==" or raw["bound"] is not True):
+            raise RegistryError(f"{claim_id}: searched check {raw.get('q')!r} must be '== true' (found in the range searched)")
     else:
         raise RegistryError(f"{claim_id}: unknown check kind {kind!r}")
+    if kind == "digits" and ("noise" in raw or "searched" in raw):
+        raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise and searched belong to shape checks")
     return Check(
         q=raw["q"],
         kind=kind,
@@ -252,6 +300,8 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         op=raw.get("op", ""),
         bound=raw.get("bound"),
         requires=raw.get("requires", ""),
+        noise=raw.get("noise", ""),
+        searched=bool(raw.get("searched", False)),
     )
 
 
@@ -388,6 +438,28 @@ def _passes(check: Check, measured: Any, target: Any) -> bool:
     return abs(measured - target) <= check.tol
 
 
+def _se(check: Check, measured: Mapping[str, Any]) -> float | None:
+    """The standard error a noisy check's measurement handed with it: a number >= 0, ``inf`` where the noise could
+    not be estimated (it then decides nothing), or None where none was handed (it then decides as any check)."""
+    if not check.noise:
+        return None
+    se = measured.get(check.se_key)
+    if isinstance(se, str) and se.strip().lower() in ("inf", "+inf", "infinity"):
+        return math.inf  # as a JSON record holds it: a noise that could not be estimated (fewer than two rounds)
+    return float(se) if _number(se) and not math.isnan(se) and se >= 0 else None
+
+
+def _decided(check: Check, value: Any, target: Any, passed: bool, se: float | None) -> bool:
+    """Whether an outcome decides: a noisy check whose margin is within :data:`NOISE_SIGMAS` standard errors does
+    not, nor a searched existence that was not found. A noisy check without its standard error, or without a
+    finite value, decides (it fails: a measurement that did not say how noisy it is cannot be inconclusive)."""
+    if check.searched:
+        return passed or value is not False  # not found (False) in the range searched decides nothing; a missing value fails
+    if check.noise and se is not None and _number(value) and math.isfinite(value):
+        return abs(value - target) >= NOISE_SIGMAS * se
+    return True
+
+
 def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str = "cpu", versions: Mapping[str, str] | None = None) -> Judgement:
     """Verdict of one measurement of ``claim`` on ``profile``.
 
@@ -400,6 +472,10 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
     check fails, or when a documented check passes (the book's digits reproduce: the erratum is stale,
     as a strict xfail that passes). An erratum that ``applies`` only to some library releases is left out
     where ``versions`` (library -> installed version) are others: there the book's digits are asserted.
+
+    A check that cannot decide (a noisy margin within the noise, a searched existence not found in the
+    range; see the module doc) makes the verdict ``inconclusive``, unless a decided check fails: never
+    ``deviates`` by itself, and never green.
     """
     outcomes = []
     digits_here = profile in claim.digits_on
@@ -411,13 +487,17 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
             asserted = False
         value = measured.get(check.q)
         documented = bool(erratum) and asserted and check.kind == "digits" and check.q in erratum.fails
-        outcomes.append(Outcome(check, value, target, _passes(check, value, target), asserted, documented))
+        passed = _passes(check, value, target)
+        se = _se(check, measured)
+        outcomes.append(Outcome(check, value, target, passed, asserted, documented, _decided(check, value, target, passed, se), se))
     if not any(o.asserted for o in outcomes):
         raise RegistryError(f"{claim.id}: no check of this claim is asserted on profile {profile!r} ({device})")
     judged = Judgement(DEVIATES, outcomes, stale=[o for o in outcomes if o.documented and o.passed])
     failures = judged.failures
     if any(not o.documented for o in failures) or judged.stale:
         judged.verdict = DEVIATES
+    elif judged.undecided:  # nothing failed that was decided, and something could not be decided
+        judged.verdict = INCONCLUSIVE
     elif failures:  # exactly the documented checks fail, and nothing else
         judged.verdict = ERRATUM
     elif any(o.asserted and o.check.kind == "digits" for o in outcomes):
@@ -471,16 +551,13 @@ def perturb(claim: Claim, measured: Mapping[str, Any]) -> Claim:
             if isinstance(m, bool) or not isinstance(m, (int, float)):
                 bound = not m if isinstance(m, bool) else f"not {m!r}"
             else:
-                bound = _beyond(check.op, m)
-            checks.append(replace(check, bound=bound))
+                bound = _beyond(check.op, m, NOISE_SIGMAS * (_se(check, measured) or 0.0))
+            checks.append(replace(check, bound=bound, searched=False))
     # A perturbed claim is a demonstration of the comparator, never an erratum.
     return replace(claim, book=book, checks=tuple(checks), erratum=None)
 
 
-def _beyond(op: str, m: float) -> float:
-    """A bound that ``m`` fails under ``op``."""
-    if op in (">", ">="):
-        return m + max(abs(m), 1.0)
-    if op in ("<", "<="):
-        return m - max(abs(m), 1.0)
-    return m + max(abs(m), 1.0)
+def _beyond(op: str, m: float, noise: float = 0.0) -> float:
+    """A bound that ``m`` fails under ``op``, by more than ``noise``."""
+    step = max(abs(m), 1.0) + 2 * noise
+    return m - step if op in ("<", "<=") else m + step

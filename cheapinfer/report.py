@@ -21,7 +21,7 @@ from typing import Any
 from . import __version__, registry
 from .faults import ALL_TARGETS, NOT_REACHED, RED
 from .record import overall
-from .registry import DEVIATES, ERRATUM, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 
 RECORD_NAME = "run.json"
 ERRATA_NAME = "errata.md"
@@ -234,7 +234,8 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-_BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "shape holds", ERRATUM: "erratum (confirmed)", DEVIATES: "**DEVIATES**", NOT_RUN: "not run", NO_TEST: "no test yet"}
+_BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "shape holds", ERRATUM: "erratum (confirmed)", INCONCLUSIVE: "inconclusive",
+          DEVIATES: "**DEVIATES**", NOT_RUN: "not run", NO_TEST: "no test yet"}
 
 
 def _value(v: Any) -> str:
@@ -401,6 +402,48 @@ def _confirmed_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _load_text(load: dict[str, Any] | None) -> str:
+    if not load:
+        return "not recorded"
+    avg = lambda v: "/".join(f"{x:g}" for x in v) if v else "?"  # noqa: E731
+    steal = load.get("steal_fraction")
+    return (f"load average {avg(load.get('loadavg_before'))} before, {avg(load.get('loadavg_after'))} after, on {load.get('cpus', '?')} CPUs; "
+            f"CPU steal {'?' if steal is None else f'{steal:.1%}'}")
+
+
+def _inconclusive_lines(record: dict[str, Any]) -> list[str]:
+    """Results the measurement could not decide: each undecided check with its numbers, the load, and what to do.
+
+    Not candidate errata: the noise or the range, not the book, decided nothing."""
+    rows = [(cid, r) for cid, c in record["claims"].items() for r in c.get("results", []) if r["verdict"] == INCONCLUSIVE]
+    if not rows:
+        return []
+    lines = ["## Inconclusive", "",
+             "Measurements that could not decide. No candidate errata: a margin within the measurement's noise, or a "
+             "search that ran out of range, says nothing about the book.", ""]
+    for cid, r in rows:
+        lines += [f"### {cid} on {r['profile']} ({r['device']})", ""]
+        for chk in r.get("checks", []):
+            if chk.get("decided") is not False:
+                continue
+            if chk.get("searched"):
+                ranges = "; ".join(f"`{k}` = {_value(v)}" for k, v in r.get("measured", {}).items() if "searched" in k) or "see the measured values"
+                lines.append(f"- `{chk['q']}`: not found in the range this device could afford ({ranges}). **To do:** search further "
+                             "on a device with more memory or time.")
+            else:
+                se, m, bound = chk.get("se"), chk.get("measured"), chk.get("bound")
+                numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (se, m, bound))
+                margin = f"{abs(m - bound) / se:.1f}" if numbers and se else "?"
+                lines.append(f"- `{chk['q']}`: measured {_value(m)} ± {_value(se)} (standard error over the rounds); expected "
+                             f"`{chk['expected']}`: the margin is {margin} standard errors, fewer than the {_value(chk.get('sigmas'))} needed "
+                             "to decide. **To do:** run on a quieter machine, or with more rounds.")
+        lines.append(f"- **Load:** {_load_text(r.get('load'))}.")
+        if r.get("test"):
+            lines.append(f"- **Test:** `{r['test']}`")
+        lines.append("")
+    return lines
+
+
 def _fault_lines(record: dict[str, Any]) -> list[str]:
     claims = record["claims"]
     tested = [cid for cid, c in claims.items() if c.get("has_test")]
@@ -509,9 +552,10 @@ def _result_lines(claim_id: str, claim: dict[str, Any], r: dict[str, Any]) -> li
         lines.append(f"  - why: {r.get('reason') or 'unknown'}")
         return lines
     for chk in r.get("checks", []):
-        status = "ok" if chk["passed"] else "FAILS"
+        status = "undecided" if chk.get("decided") is False else "ok" if chk["passed"] else "FAILS"
         role = "asserted" if chk["asserted"] else "reported"
-        lines.append(f"  - `{chk['q']}`: measured {_value(chk['measured'])}; expected {chk['expected']} — {status}, {role} ({chk['why']})")
+        noise = f" ± {_value(chk['se'])} (standard error over the rounds)" if chk.get("se") is not None else ""
+        lines.append(f"  - `{chk['q']}`: measured {_value(chk['measured'])}{noise}; expected {chk['expected']} — {status}, {role} ({chk['why']})")
     checked = {chk["q"] for chk in r.get("checks", [])}
     others = {k: v for k, v in r.get("measured", {}).items() if k not in checked}
     if others:
@@ -557,8 +601,9 @@ def markdown(record: dict[str, Any]) -> str:
         "Verdicts: *reproduced* — the book's digits hold within the stated tolerance; *shape holds* — the "
         "claim's invariant holds on a model or device where the digits cannot be expected (digits reported beside); "
         "*erratum* — a confirmed erratum: the book's digits fail as the registry documents, with evidence; "
-        "*deviates* — a candidate erratum, or a regression of the libraries; *not run* — with the reason and what to do; "
-        "*no test yet*.",
+        "*inconclusive* — the measurement could not decide (a margin within its noise, or a range it could not search "
+        "further), never an erratum; *deviates* — a candidate erratum, or a regression of the libraries; *not run* — with "
+        "the reason and what to do; *no test yet*.",
         "",
         "## Summary",
         "",
@@ -567,6 +612,7 @@ def markdown(record: dict[str, Any]) -> str:
     ]
     lines += _confirmed_lines(record)
     lines += _errata_lines(record)
+    lines += _inconclusive_lines(record)
     lines += _fault_lines(record)
     figures = _figures(record)
     if figures:

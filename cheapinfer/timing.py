@@ -4,14 +4,26 @@ Ratios, not absolute times, are asserted. Every ratio is measured in one run wit
 interleaved round by round (so drift in clock speed or load hits all of them alike), after
 warm-up, with the device synchronised before each clock read, and summarised by the median. Each
 call is timed by :func:`cheapinfer.accel.elapsed`: CUDA events on a GPU, ``perf_counter`` on a CPU.
+
+**Noise, stated.** A quantity read from the rounds (a ratio of two variants' times, a growth factor)
+is estimated from the variants' medians, and its noise from the same quantity computed round by
+round (the variants of one round ran side by side, under the same load): :func:`estimates` gives the
+value and its robust standard error, 1.4826 MAD x sqrt(pi / 2) / sqrt(n) (the median absolute
+deviation as a normal sigma, the efficiency of a median). A check on it decides only where its margin
+to the bound is at least ``registry.NOISE_SIGMAS`` standard errors; :func:`interleaved_until_decided`
+measures more rounds while a margin is within the noise, up to a stated budget
+(:data:`MAX_ROUNDS_FACTOR` times the planned rounds, :data:`EXTRA_SECONDS` of extra time), after
+which the claim is *inconclusive*, with the numbers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
+import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -91,5 +103,85 @@ def interleaved(
     return out
 
 
-def ratio(samples: Mapping[str, Samples], num: str, den: str) -> float:
-    return samples[num].median / samples[den].median
+# ------------------------------------------------------------------------------------------------
+# noise: estimates with their standard errors, and more rounds while a check cannot decide
+# ------------------------------------------------------------------------------------------------
+
+#: A measurement that cannot decide takes at most this many times its planned rounds in all.
+MAX_ROUNDS_FACTOR = 4
+#: ... and at most this much extra time (seconds) beyond its planned rounds.
+EXTRA_SECONDS = 90.0
+#: sigma from the median absolute deviation (normal noise) times the median's standard-error factor sqrt(pi / 2).
+_MAD_TO_SE = 1.4826 * math.sqrt(math.pi / 2)
+
+
+def robust_se(values: Iterable[float]) -> float:
+    """Standard error of the median of ``values``: 1.4826 MAD sqrt(pi/2) / sqrt(n) (``inf`` for fewer than 2)."""
+    v = [float(x) for x in values]
+    if len(v) < 2 or not all(math.isfinite(x) for x in v):
+        return math.inf
+    med = statistics.median(v)
+    return _MAD_TO_SE * statistics.median(abs(x - med) for x in v) / math.sqrt(len(v))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A quantity read from timing rounds: its value (from the variants' medians) and its robust standard error."""
+
+    value: float
+    se: float
+    rounds: int
+    per_round: tuple[float, ...]
+
+
+Quantities = Callable[[Mapping[str, float]], Mapping[str, float]]
+
+
+def estimates(samples: Mapping[str, Samples], quantities: Quantities) -> dict[str, Estimate]:
+    """``quantities(times)`` (variant -> seconds) computed from the medians (the values) and from each round (their noise)."""
+    n = min(len(s.seconds) for s in samples.values())
+    value = quantities({name: s.median for name, s in samples.items()})
+    per_round = [quantities({name: s.seconds[i] for name, s in samples.items()}) for i in range(n)]
+    return {q: Estimate(float(v), robust_se(r[q] for r in per_round), n, tuple(float(r[q]) for r in per_round)) for q, v in value.items()}
+
+
+def measured(found: Mapping[str, Estimate]) -> dict[str, float]:
+    """Estimates as measured values for a claim: ``<q>`` and its standard error ``<q>_se``."""
+    out: dict[str, float] = {}
+    for q, e in found.items():
+        out[q], out[f"{q}_se"] = e.value, e.se
+    return out
+
+
+def undecided(found: Mapping[str, Estimate], bounds: Mapping[str, float], sigmas: float) -> list[str]:
+    """The quantities whose margin to their bound is within ``sigmas`` standard errors."""
+    return [q for q, b in bounds.items() if q in found and not abs(found[q].value - b) >= sigmas * found[q].se]
+
+
+def interleaved_until_decided(
+    variants: Mapping[str, Callable[[], object]],
+    quantities: Quantities,
+    bounds: Mapping[str, float],
+    sigmas: float,
+    rounds: int = 7,
+    warmup: int = 1,
+    device: torch.device | str = "cpu",
+    run: Callable[..., dict[str, Samples]] | None = None,
+) -> dict[str, Samples]:
+    """:func:`interleaved`, then more rounds (a block of ``rounds`` at a time, each after one warm-up) while a
+    quantity's margin to its bound (``bounds``: quantity -> bound) is within ``sigmas`` standard errors, up to
+    :data:`MAX_ROUNDS_FACTOR` x ``rounds`` in all and :data:`EXTRA_SECONDS` of extra time. ``run`` times a block
+    (default :func:`interleaved`; the suite's fixture records it with pytest-benchmark)."""
+    run = run or (lambda v, r, w: interleaved(v, rounds=r, warmup=w, device=device))
+    t0 = time.perf_counter()
+    samples = run(variants, rounds, warmup)
+    block = time.perf_counter() - t0  # a block of rounds with its warm-up: what one more block will take, about
+    extra = 0.0
+    while undecided(estimates(samples, quantities), bounds, sigmas):
+        if len(next(iter(samples.values())).seconds) + rounds > MAX_ROUNDS_FACTOR * rounds or extra + block > EXTRA_SECONDS:
+            break
+        t0 = time.perf_counter()
+        more = run(variants, rounds, 1)
+        extra += time.perf_counter() - t0
+        samples = {name: Samples(name, samples[name].seconds + more[name].seconds) for name in samples}
+    return samples

@@ -235,3 +235,66 @@ def test_an_erratum_about_an_api_holds_only_on_the_releases_it_names(transformer
 def test_an_erratum_range_that_is_no_version_specifier_is_rejected():
     with pytest.raises(RegistryError, match="no version specifier"):
         registry.parse(_ERRATUM + 'applies = { transformers = "five or later" }\n')
+
+
+# ------------------------------------------------------------------------------------------------
+# inconclusive: a margin within the noise, a search that ran out of range
+# ------------------------------------------------------------------------------------------------
+
+_NOISY = (
+    '[N]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    'checks = [{q = "speedup", kind = "shape", op = ">", bound = 2.0, noise = "rounds", why = "w"},'
+    '{q = "found", kind = "shape", op = "==", bound = true, searched = true, why = "w"},'
+    '{q = "rows", kind = "shape", op = "==", bound = 1, why = "w"}]\n'
+)
+
+
+@pytest.mark.parametrize(("speedup", "se", "verdict"), [
+    (3.5, 0.4, SHAPE_HOLDS),                     # 1.5 above the bound: 3.75 standard errors
+    (2.5, 0.4, registry.INCONCLUSIVE),           # 0.5 above: 1.25 standard errors, passes but cannot decide
+    (1.5, 0.4, registry.INCONCLUSIVE),           # 0.5 below: fails but cannot decide
+    (0.5, 0.4, DEVIATES),                        # 1.5 below: 3.75 standard errors
+    (2.5, None, SHAPE_HOLDS),                    # no standard error handed: decides as an ordinary check
+    (1.5, None, DEVIATES),
+    (2.5, float("inf"), registry.INCONCLUSIVE),  # a noise that could not be estimated decides nothing
+])
+def test_a_noisy_check_decides_only_beyond_three_standard_errors(speedup, se, verdict):
+    claim = registry.parse(_NOISY)["N"]
+    measured = {"speedup": speedup, "found": True, "rows": 1, **({"speedup_se": se} if se is not None else {})}
+    judged = registry.judge(claim, measured, "twin")
+    assert judged.verdict == verdict
+    if verdict == registry.INCONCLUSIVE:
+        message = judged.inconclusive_messages(claim, measured)[0]
+        assert "standard errors" in message and "quieter machine" in message
+
+
+@pytest.mark.parametrize(("found", "verdict"), [(True, SHAPE_HOLDS), (False, registry.INCONCLUSIVE), (None, DEVIATES)])
+def test_a_searched_existence_not_found_is_inconclusive_and_a_missing_one_fails(found, verdict):
+    claim = registry.parse(_NOISY)["N"]
+    measured = {"speedup": 4.0, "speedup_se": 0.1, "found": found, "rows": 1, "searched_up_to": 512}
+    judged = registry.judge(claim, measured, "twin")
+    assert judged.verdict == verdict
+    if verdict == registry.INCONCLUSIVE:
+        assert "searched_up_to = 512" in judged.inconclusive_messages(claim, measured)[0]
+
+
+def test_inconclusive_never_hides_a_decided_failure():
+    claim = registry.parse(_NOISY)["N"]
+    assert registry.judge(claim, {"speedup": 2.1, "speedup_se": 1.0, "found": False, "rows": 4}, "twin").verdict == DEVIATES
+
+
+def test_a_perturbed_noisy_check_fails_beyond_its_noise():
+    """--perturb moves a noisy bound beyond three standard errors: it proves the comparator even for a noisy value."""
+    claim = registry.parse(_NOISY)["N"]
+    measured = {"speedup": 2.5, "speedup_se": 5.0, "found": True, "rows": 1}
+    assert registry.judge(registry.perturb(claim, measured), measured, "twin").verdict == DEVIATES
+
+
+@pytest.mark.parametrize("check, problem", [
+    ('{q = "x", kind = "shape", op = "==", bound = 1.0, noise = "rounds", why = "w"}', "noisy check"),
+    ('{q = "x", kind = "shape", op = ">", bound = 1.0, noise = "guess", why = "w"}', "noisy check"),
+    ('{q = "x", kind = "shape", op = ">", bound = 1.0, searched = true, why = "w"}', "searched check"),
+])
+def test_malformed_noisy_and_searched_checks_are_rejected(check, problem):
+    with pytest.raises(RegistryError, match=problem):
+        registry.parse(f'[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{check}]\n')
