@@ -345,19 +345,27 @@ def test_head_recompute_over_cached_grows_with_n(claim, timed, device):
     for n in ns:
         variants[f"recompute n={n}"] = heads[n].recompute
         variants[f"cached n={n}"] = repeat(heads[n].cached, reps)  # microseconds: repeat to rise above clock noise
-    samples = timed(variants, rounds=5, warmup=1)
-    rows, ratio = [], {}
+    def ratio(t, n):  # one step recomputed over one cached step at n
+        return t[f"recompute n={n}"] / (t[f"cached n={n}"] / reps)
+
+    def quantities(t):  # one set of times -> the claim's clocked quantities
+        return {"ratio_growth": ratio(t, ns[-1]) / ratio(t, ns[0]), "ratio_at_4096": ratio(t, 4096)}
+
+    samples = timed(variants, rounds=5, warmup=1, quantities=quantities)
+    medians = {name: s.median for name, s in samples.items()}
+    rows = []
     for n in ns:
-        re_s, c_s = samples[f"recompute n={n}"].median, samples[f"cached n={n}"].median / reps
-        ratio[n] = re_s / c_s
-        rows.append([n, f"{re_s * 1e3:.3f}", f"{c_s * 1e3:.4f}", f"{ratio[n]:,.0f}", kv.scores_bytes(n, n), kv.scores_bytes(1, n)])
-    claim.table(f"One head (d = 64, width {QWEN25_05B.hidden}), one step at n, fp32 on {device}",
+        re_s, c_s = medians[f"recompute n={n}"], medians[f"cached n={n}"] / reps
+        rows.append([n, f"{re_s * 1e3:.3f}", f"{c_s * 1e3:.4f}", f"{ratio(medians, n):,.0f}", kv.scores_bytes(n, n), kv.scores_bytes(1, n)])
+    claim.table(f"One head (d = 64, width {QWEN25_05B.hidden}), one step at n, fp32 on {device}, median of "
+                f"{len(samples[f'cached n={ns[0]}'].seconds)} interleaved rounds",
                 ["n", "recompute ms", "cached ms", "ratio", "recompute score B", "cached score B"], rows)
     claim.figure("kv-head-timing", _loglog(ns, {"recompute": [float(r[1]) for r in rows], "cached": [float(r[2]) for r in rows]},
                                            "n (tokens)", "ms per step", "One head: recompute vs cached step"))
     with torch.inference_mode():
         rows_built = heads[ns[-1]].cached()[1].shape[0]
-    claim.verify("twin", ratio_growth=ratio[ns[-1]] / ratio[ns[0]], ratio_at_4096=ratio[4096], cached_score_rows=rows_built)
+    claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"cached n={ns[0]}"].seconds),
+                 cached_score_rows=rows_built)
 
 
 @on_profiles("twin", "book")
@@ -370,14 +378,21 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
         cache = kv.returned_cache(profile.model(ids, use_cache=True))
     evidence = kv.decode_step_evidence(profile.model, cache, P)
     claim.note(f"the timed decode step, traced once: {_evidence_text(evidence)}")
-    samples = timed({"prefill": kv.prefill(profile.model, ids), "decode": kv.decode_step(profile.model, cache, P)}, rounds=5, warmup=1)
+
+    def quantities(t):  # one set of times -> the claim's clocked quantities (the absolute times are reported, never asserted)
+        per_token = t["prefill"] / P
+        return {"prefill_ms_per_token": per_token * 1e3, "decode_ms_per_step": t["decode"] * 1e3, "decode_over_prefill": t["decode"] / per_token}
+
+    samples = timed({"prefill": kv.prefill(profile.model, ids), "decode": kv.decode_step(profile.model, cache, P)}, rounds=5, warmup=1,
+                    quantities=quantities)
     prefill_per_token = samples["prefill"].median / P
     decode = samples["decode"].median
-    claim.table(f"Prefill vs decode ({profile.name}, {P}-token prompt, median of rounds)", ["phase", "ms", "ms per token"],
+    claim.table(f"Prefill vs decode ({profile.name}, {P}-token prompt, median of {len(samples['decode'].seconds)} interleaved rounds)",
+                ["phase", "ms", "ms per token"],
                 [["prefill 40 tokens", f"{samples['prefill'].median * 1e3:.1f}", f"{prefill_per_token * 1e3:.2f}"],
                  ["one decode step", f"{decode * 1e3:.1f}", f"{decode * 1e3:.1f}"]])
-    claim.verify(profile.name, prefill_ms_per_token=prefill_per_token * 1e3, decode_ms_per_step=decode * 1e3,
-                 decode_over_prefill=decode / prefill_per_token, **_cache_use(evidence))
+    claim.verify(profile.name, **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples["decode"].seconds),
+                 **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-DECODE-FLAT")
@@ -409,20 +424,25 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
     claim.note(f"the timed step, traced once: {_evidence_text(evidence)}")
     step = kv.decode_step(twin.model, cache, C)
     copy, copy_bytes = accel.copy_callable(accel.COPY_BYTES, twin.device)
-    samples = timed({"decode": step, "copy": copy}, rounds=7, warmup=1)
-    weights = kv.parameter_bytes(twin.model)
-    achieved = weights / samples["decode"].median
-    bandwidth = copy_bytes / samples["copy"].median
-    efficiency = kv.decode_efficiency(kv.decode_bytes(twin.model, 1, C), samples["decode"].median, bandwidth)
-    claim.table(f"Decode step as memory traffic (twin {twin.dtype}, {twin.device})", ["quantity", "value"], [
+    weights, step_bytes = kv.parameter_bytes(twin.model), kv.decode_bytes(twin.model, 1, C)
+
+    def quantities(t):  # one set of times -> the claim's clocked quantities: bytes per second over the copy's, side by side
+        achieved, bandwidth = weights / t["decode"], copy_bytes / t["copy"]
+        return {"bandwidth_fraction": achieved / bandwidth, "achieved_gb_s": achieved / 1e9, "copy_gb_s": bandwidth / 1e9,
+                "decode_efficiency": kv.decode_efficiency(step_bytes, t["decode"], bandwidth)}
+
+    samples = timed({"decode": step, "copy": copy}, rounds=7, warmup=1, quantities=quantities)
+    found = timing.estimates(samples, quantities)
+    claim.table(f"Decode step as memory traffic (twin {twin.dtype}, {twin.device}, median of {len(samples['decode'].seconds)} interleaved rounds)",
+                ["quantity", "value"], [
         ["weight bytes", f"{weights:,}"],
         ["decode step ms", f"{samples['decode'].median * 1e3:.1f}"],
-        ["achieved GB/s (weights / step)", f"{achieved / 1e9:.1f}"],
-        ["copy GB/s (512 MiB, read + write)", f"{bandwidth / 1e9:.1f}"],
-        ["fraction", f"{achieved / bandwidth:.2f}"],
-        [f"decode efficiency ((weights + {C}-token cache) / step / copy bandwidth)", f"{efficiency:.2f}"],
+        ["achieved GB/s (weights / step)", f"{found['achieved_gb_s'].value:.1f}"],
+        ["copy GB/s (512 MiB, read + write)", f"{found['copy_gb_s'].value:.1f}"],
+        ["fraction", f"{found['bandwidth_fraction'].value:.2f} ± {found['bandwidth_fraction'].se:.2f}"],
+        [f"decode efficiency ((weights + {C}-token cache) / step / copy bandwidth)", f"{found['decode_efficiency'].value:.2f}"],
     ])
-    claim.verify("twin", bandwidth_fraction=achieved / bandwidth, achieved_gb_s=achieved / 1e9, copy_gb_s=bandwidth / 1e9, decode_efficiency=efficiency, **_cache_use(evidence))
+    claim.verify("twin", **timing.measured(found), rounds=len(samples["decode"].seconds), **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-PREFILL-GROWS")
