@@ -21,14 +21,16 @@ import contextlib
 import logging
 import math
 import re
+import time
 import warnings
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 from . import hf
 from .arch import QWEN25_05B, Arch
-from .accel import LivePeak, peak_above_resident  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
+from .accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
+from .timing import Marks, mark_name
 from .evidence import alone_logits, relative_change
 
 GIB = 2**30
@@ -418,6 +420,57 @@ def decode_step(model, cache, context: int) -> Callable[[], object]:
         cache.crop(context - cache.get_seq_length())  # negative: drop the step's entry (both old and new transformers)
 
     return step
+
+
+def marked_generation(generate: Callable, model, ids: torch.Tensor, new_tokens: int, marks: Sequence[int],
+                      device: torch.device | str) -> Callable[[], Marks]:
+    """``generate(model, ids, new_tokens, on_step)`` (:func:`greedy_cached`, :func:`greedy_uncached`) as a repeatable
+    timed variant: each call returns the seconds from its start to token k, for every k in ``marks``, read after a
+    device sync (:class:`cheapinfer.timing.Marks`; :func:`cheapinfer.timing.interleaved` keeps each as a series)."""
+
+    def go() -> Marks:
+        t0, out = time.perf_counter(), Marks()
+
+        def on_step(k: int) -> None:
+            if k in marks:
+                sync(device)
+                out[k] = time.perf_counter() - t0
+
+        generate(model, ids, new_tokens, on_step)
+        return out
+
+    return go
+
+
+# ------------------------------------------------------------------------------------------------
+# clocked quantities: functions of one set of times (variant -> seconds) for cheapinfer.timing.estimates,
+# which reads each from the variants' medians (its value) and round by round (its noise)
+# ------------------------------------------------------------------------------------------------
+
+
+def speedup_at(times: Mapping[str, float], tokens: int) -> float:
+    """Uncached over cached time to token ``tokens`` of the same generations (the ``uncached@k`` and ``cached@k`` marks)."""
+    return times[mark_name("uncached", tokens)] / times[mark_name("cached", tokens)]
+
+
+def speedup_quantities(times: Mapping[str, float], short: int = 12, long: int = 48) -> dict[str, float]:
+    """KV-SPEEDUP-48's clocked quantities: the speedup at ``long`` tokens, and its growth from ``short`` to ``long``
+    tokens, speedup(long) / speedup(short), both read from the marks of the same ``long``-token generations."""
+    speedup = speedup_at(times, long)
+    return {"speedup": speedup, "speedup_growth": speedup / speedup_at(times, short)}
+
+
+def prefill_growth(seconds: Sequence[float]) -> dict[str, float]:
+    """KV-PREFILL-GROWS's clocked quantities from prefill times at increasing prompt lengths:
+
+    ``growth``: the last over the first. ``worst_drop``: the largest relative decrease between consecutive lengths,
+    max over pairs of 1 - t(next) / t(this); negative where every step grew (-0.27: the smallest step grew by 27%),
+    so its margin to a bound is seen in full (a drop clipped at 0 would sit at 0 in most rounds, a spread of none).
+    Read from one round's times it is that round's worst pair: the noise of a max over pairs measured side by side.
+    """
+    if len(seconds) < 2:
+        raise ValueError("prefill_growth needs times at two prompt lengths or more")
+    return {"growth": seconds[-1] / seconds[0], "worst_drop": max(1 - b / a for a, b in zip(seconds, seconds[1:]))}
 
 
 # ------------------------------------------------------------------------------------------------

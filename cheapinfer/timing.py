@@ -76,6 +76,18 @@ class Samples:
         return {"median_s": self.median, "iqr_s": self.iqr, "min_s": min(self.seconds), "rounds": len(self.seconds)}
 
 
+class Marks(dict):
+    """What a timed variant may return: seconds from the start of its call to each of its marks (mark -> seconds),
+    e.g. to token k of a generation, read after a device sync. :func:`interleaved` keeps each mark as a series of
+    its own, named by :func:`mark_name`, so a quantity can read a time inside a run (token 12 of a 48-token
+    generation) round by round, beside the other variants of that round."""
+
+
+def mark_name(variant: str, mark: object) -> str:
+    """The series of ``variant``'s times to ``mark``: ``"cached@12"``."""
+    return f"{variant}@{mark}"
+
+
 def interleaved(
     variants: Mapping[str, Callable[[], object]],
     rounds: int = 7,
@@ -86,7 +98,8 @@ def interleaved(
 
     Each variant runs ``warmup`` times first (allocator, caches, lazy init). The order within a
     round rotates so no variant always runs right after the same neighbour. On a CPU the block
-    runs with ``TIMING_THREADS`` torch threads.
+    runs with ``TIMING_THREADS`` torch threads. A variant that returns :class:`Marks` adds one series per
+    mark (:func:`mark_name`) beside its whole call's.
     """
     names = list(variants)
     threads = TIMING_THREADS if torch.device(device).type == "cpu" else None
@@ -99,8 +112,22 @@ def interleaved(
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for name in order:
-                out[name].seconds.append(elapsed(variants[name], device))
+                kept: list[Marks] = []
+                out[name].seconds.append(elapsed(_keeping_marks(variants[name], kept), device))
+                for mark, seconds in (kept[0] if kept else {}).items():
+                    out.setdefault(mark_name(name, mark), Samples(mark_name(name, mark), [])).seconds.append(seconds)
     return out
+
+
+def _keeping_marks(fn: Callable[[], object], kept: list) -> Callable[[], None]:
+    """``fn`` as a call that keeps what it returns only where that is :class:`Marks` (anything else dies at once, as before)."""
+
+    def call() -> None:
+        got = fn()
+        if isinstance(got, Marks):
+            kept.append(got)
+
+    return call
 
 
 # ------------------------------------------------------------------------------------------------
@@ -168,7 +195,8 @@ def interleaved_until_decided(
     device: torch.device | str = "cpu",
     run: Callable[..., dict[str, Samples]] | None = None,
 ) -> dict[str, Samples]:
-    """:func:`interleaved`, then more rounds (a block of ``rounds`` at a time, each after one warm-up) while a
+    """:func:`interleaved`, then more rounds (a block of ``rounds`` at a time, each after one warm-up, none where the
+    first block had none: the blocks run back to back, so a caller that warmed up outside the clock stays so) while a
     quantity's margin to its bound (``bounds``: quantity -> bound) is within ``sigmas`` standard errors, up to
     :data:`MAX_ROUNDS_FACTOR` x ``rounds`` in all and :data:`EXTRA_SECONDS` of extra time. ``run`` times a block
     (default :func:`interleaved`; the suite's fixture records it with pytest-benchmark)."""
@@ -181,7 +209,7 @@ def interleaved_until_decided(
         if len(next(iter(samples.values())).seconds) + rounds > MAX_ROUNDS_FACTOR * rounds or extra + block > EXTRA_SECONDS:
             break
         t0 = time.perf_counter()
-        more = run(variants, rounds, 1)
+        more = run(variants, rounds, min(warmup, 1))
         extra += time.perf_counter() - t0
         samples = {name: Samples(name, samples[name].seconds + more[name].seconds) for name in samples}
     return samples

@@ -307,46 +307,25 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
 @pytest.mark.claim("KV-SPEEDUP-48")
 def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
     """KV-SPEEDUP-48: "uncached vs cached generation of 48 tokens: 9x faster cached"."""
-    import time
-
-    from cheapinfer.device import sync
-
     # 4 tokens on a CPU keep the uncached run (48 forwards over 4..51 tokens) near half a minute on 2
     # cores, and arithmetic per token already counts there. A GPU runs forwards of a few dozen tokens at
     # its launch floor, where recomputation costs what a cached step does: 1,024 prompt tokens put the
     # uncached forwards in the compute-bound regime the cost model (the check's why) describes.
-    new, marks = 48, (1, 6, 12, 24, 48)
+    new, marks, rounds = 48, (1, 6, 12, 24, 48), 3
     ids = _random_ids(4 if profile.device.type == "cpu" else 1024, profile.device)
-    traces: dict[str, list[dict[int, float]]] = {"uncached": [], "cached": []}
-
-    def run(name, fn):
-        def go():
-            t0, trace = time.perf_counter(), {}
-
-            def on_step(k):
-                if k in marks:
-                    sync(profile.device)
-                    trace[k] = time.perf_counter() - t0
-
-            fn(profile.model, ids, new, on_step)
-            traces[name].append(trace)
-
-        return go
-
     kv.greedy_cached(profile.model, ids, 2)  # warm-up, once, outside the clock
-    timed({"uncached": run("uncached", kv.greedy_uncached), "cached": run("cached", kv.greedy_cached)}, rounds=2, warmup=0)
-
-    def median_at(name, k):
-        vals = sorted(tr[k] for tr in traces[name])
-        return vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
-
-    speed = {k: median_at("uncached", k) / median_at("cached", k) for k in marks}
-    claim.table(f"Generating T tokens from a {ids.shape[1]}-token prompt ({profile.name}, median of rounds)",
-                ["T", "uncached s", "cached s", "speedup"],
-                [[k, f"{median_at('uncached', k):.3f}", f"{median_at('cached', k):.3f}", f"{speed[k]:.2f}"] for k in marks])
+    # Each round times one whole generation of each kind; the time to token k of it is the series "<kind>@k".
+    variants = {name: kv.marked_generation(generate, profile.model, ids, new, marks, profile.device)
+                for name, generate in (("uncached", kv.greedy_uncached), ("cached", kv.greedy_cached))}
+    samples = timed(variants, rounds=rounds, warmup=0, quantities=kv.speedup_quantities)
+    at = {k: {name: samples[timing.mark_name(name, k)].median for name in variants} for k in marks}
+    claim.table(f"Generating T tokens from a {ids.shape[1]}-token prompt ({profile.name}, median of "
+                f"{len(samples['cached'].seconds)} interleaved rounds)", ["T", "uncached s", "cached s", "speedup"],
+                [[k, f"{at[k]['uncached']:.3f}", f"{at[k]['cached']:.3f}", f"{at[k]['uncached'] / at[k]['cached']:.2f}"] for k in marks])
     evidence = kv.generation_evidence(profile.model, ids, 4)
     claim.note(f"the cached generation, traced over 4 tokens: {_evidence_text(evidence)}")
-    claim.verify(profile.name, speedup=speed[48], speedup_growth=speed[48] / speed[12], **_cache_use(evidence))
+    claim.verify(profile.name, **timing.measured(timing.estimates(samples, kv.speedup_quantities)), rounds=len(samples["cached"].seconds),
+                 **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-HEAD-TIMING")
@@ -366,19 +345,27 @@ def test_head_recompute_over_cached_grows_with_n(claim, timed, device):
     for n in ns:
         variants[f"recompute n={n}"] = heads[n].recompute
         variants[f"cached n={n}"] = repeat(heads[n].cached, reps)  # microseconds: repeat to rise above clock noise
-    samples = timed(variants, rounds=5, warmup=1)
-    rows, ratio = [], {}
+    def ratio(t, n):  # one step recomputed over one cached step at n
+        return t[f"recompute n={n}"] / (t[f"cached n={n}"] / reps)
+
+    def quantities(t):  # one set of times -> the claim's clocked quantities
+        return {"ratio_growth": ratio(t, ns[-1]) / ratio(t, ns[0]), "ratio_at_4096": ratio(t, 4096)}
+
+    samples = timed(variants, rounds=5, warmup=1, quantities=quantities)
+    medians = {name: s.median for name, s in samples.items()}
+    rows = []
     for n in ns:
-        re_s, c_s = samples[f"recompute n={n}"].median, samples[f"cached n={n}"].median / reps
-        ratio[n] = re_s / c_s
-        rows.append([n, f"{re_s * 1e3:.3f}", f"{c_s * 1e3:.4f}", f"{ratio[n]:,.0f}", kv.scores_bytes(n, n), kv.scores_bytes(1, n)])
-    claim.table(f"One head (d = 64, width {QWEN25_05B.hidden}), one step at n, fp32 on {device}",
+        re_s, c_s = medians[f"recompute n={n}"], medians[f"cached n={n}"] / reps
+        rows.append([n, f"{re_s * 1e3:.3f}", f"{c_s * 1e3:.4f}", f"{ratio(medians, n):,.0f}", kv.scores_bytes(n, n), kv.scores_bytes(1, n)])
+    claim.table(f"One head (d = 64, width {QWEN25_05B.hidden}), one step at n, fp32 on {device}, median of "
+                f"{len(samples[f'cached n={ns[0]}'].seconds)} interleaved rounds",
                 ["n", "recompute ms", "cached ms", "ratio", "recompute score B", "cached score B"], rows)
     claim.figure("kv-head-timing", _loglog(ns, {"recompute": [float(r[1]) for r in rows], "cached": [float(r[2]) for r in rows]},
                                            "n (tokens)", "ms per step", "One head: recompute vs cached step"))
     with torch.inference_mode():
         rows_built = heads[ns[-1]].cached()[1].shape[0]
-    claim.verify("twin", ratio_growth=ratio[ns[-1]] / ratio[ns[0]], ratio_at_4096=ratio[4096], cached_score_rows=rows_built)
+    claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"cached n={ns[0]}"].seconds),
+                 cached_score_rows=rows_built)
 
 
 @on_profiles("twin", "book")
@@ -391,14 +378,21 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
         cache = kv.returned_cache(profile.model(ids, use_cache=True))
     evidence = kv.decode_step_evidence(profile.model, cache, P)
     claim.note(f"the timed decode step, traced once: {_evidence_text(evidence)}")
-    samples = timed({"prefill": kv.prefill(profile.model, ids), "decode": kv.decode_step(profile.model, cache, P)}, rounds=5, warmup=1)
+
+    def quantities(t):  # one set of times -> the claim's clocked quantities (the absolute times are reported, never asserted)
+        per_token = t["prefill"] / P
+        return {"prefill_ms_per_token": per_token * 1e3, "decode_ms_per_step": t["decode"] * 1e3, "decode_over_prefill": t["decode"] / per_token}
+
+    samples = timed({"prefill": kv.prefill(profile.model, ids), "decode": kv.decode_step(profile.model, cache, P)}, rounds=5, warmup=1,
+                    quantities=quantities)
     prefill_per_token = samples["prefill"].median / P
     decode = samples["decode"].median
-    claim.table(f"Prefill vs decode ({profile.name}, {P}-token prompt, median of rounds)", ["phase", "ms", "ms per token"],
+    claim.table(f"Prefill vs decode ({profile.name}, {P}-token prompt, median of {len(samples['decode'].seconds)} interleaved rounds)",
+                ["phase", "ms", "ms per token"],
                 [["prefill 40 tokens", f"{samples['prefill'].median * 1e3:.1f}", f"{prefill_per_token * 1e3:.2f}"],
                  ["one decode step", f"{decode * 1e3:.1f}", f"{decode * 1e3:.1f}"]])
-    claim.verify(profile.name, prefill_ms_per_token=prefill_per_token * 1e3, decode_ms_per_step=decode * 1e3,
-                 decode_over_prefill=decode / prefill_per_token, **_cache_use(evidence))
+    claim.verify(profile.name, **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples["decode"].seconds),
+                 **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-DECODE-FLAT")
@@ -430,20 +424,25 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
     claim.note(f"the timed step, traced once: {_evidence_text(evidence)}")
     step = kv.decode_step(twin.model, cache, C)
     copy, copy_bytes = accel.copy_callable(accel.COPY_BYTES, twin.device)
-    samples = timed({"decode": step, "copy": copy}, rounds=7, warmup=1)
-    weights = kv.parameter_bytes(twin.model)
-    achieved = weights / samples["decode"].median
-    bandwidth = copy_bytes / samples["copy"].median
-    efficiency = kv.decode_efficiency(kv.decode_bytes(twin.model, 1, C), samples["decode"].median, bandwidth)
-    claim.table(f"Decode step as memory traffic (twin {twin.dtype}, {twin.device})", ["quantity", "value"], [
+    weights, step_bytes = kv.parameter_bytes(twin.model), kv.decode_bytes(twin.model, 1, C)
+
+    def quantities(t):  # one set of times -> the claim's clocked quantities: bytes per second over the copy's, side by side
+        achieved, bandwidth = weights / t["decode"], copy_bytes / t["copy"]
+        return {"bandwidth_fraction": achieved / bandwidth, "achieved_gb_s": achieved / 1e9, "copy_gb_s": bandwidth / 1e9,
+                "decode_efficiency": kv.decode_efficiency(step_bytes, t["decode"], bandwidth)}
+
+    samples = timed({"decode": step, "copy": copy}, rounds=7, warmup=1, quantities=quantities)
+    found = timing.estimates(samples, quantities)
+    claim.table(f"Decode step as memory traffic (twin {twin.dtype}, {twin.device}, median of {len(samples['decode'].seconds)} interleaved rounds)",
+                ["quantity", "value"], [
         ["weight bytes", f"{weights:,}"],
         ["decode step ms", f"{samples['decode'].median * 1e3:.1f}"],
-        ["achieved GB/s (weights / step)", f"{achieved / 1e9:.1f}"],
-        ["copy GB/s (512 MiB, read + write)", f"{bandwidth / 1e9:.1f}"],
-        ["fraction", f"{achieved / bandwidth:.2f}"],
-        [f"decode efficiency ((weights + {C}-token cache) / step / copy bandwidth)", f"{efficiency:.2f}"],
+        ["achieved GB/s (weights / step)", f"{found['achieved_gb_s'].value:.1f}"],
+        ["copy GB/s (512 MiB, read + write)", f"{found['copy_gb_s'].value:.1f}"],
+        ["fraction", f"{found['bandwidth_fraction'].value:.2f} ± {found['bandwidth_fraction'].se:.2f}"],
+        [f"decode efficiency ((weights + {C}-token cache) / step / copy bandwidth)", f"{found['decode_efficiency'].value:.2f}"],
     ])
-    claim.verify("twin", bandwidth_fraction=achieved / bandwidth, achieved_gb_s=achieved / 1e9, copy_gb_s=bandwidth / 1e9, decode_efficiency=efficiency, **_cache_use(evidence))
+    claim.verify("twin", **timing.measured(found), rounds=len(samples["decode"].seconds), **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-PREFILL-GROWS")
@@ -453,13 +452,14 @@ def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
     lengths = (8, 32, 128, 256) if twin.device.type == "cpu" else (8, 128, 1024, 4096)
     ids = _random_ids(max(lengths), twin.device)
     kv.prefill(twin.model, ids[:, :8])()  # warm-up outside the clock
-    samples = timed({f"P={P}": kv.prefill(twin.model, ids[:, :P]) for P in lengths}, rounds=3, warmup=0)
+    quantities = lambda t: kv.prefill_growth([t[f"P={P}"] for P in lengths])  # noqa: E731  one set of times -> growth, worst_drop
+    samples = timed({f"P={P}": kv.prefill(twin.model, ids[:, :P]) for P in lengths}, rounds=3, warmup=0, quantities=quantities)
     ms = [samples[f"P={P}"].median * 1e3 for P in lengths]
-    claim.table(f"Prefill (time to first token) vs prompt length P (twin {twin.dtype}, {twin.device}, median of 3 rounds)",
+    claim.table(f"Prefill (time to first token) vs prompt length P (twin {twin.dtype}, {twin.device}, median of "
+                f"{len(samples[f'P={lengths[0]}'].seconds)} interleaved rounds)",
                 ["P", "ms", "ms per token"], [[P, f"{m:.1f}", f"{m / P:.2f}"] for P, m in zip(lengths, ms)])
     claim.figure("kv-prefill-vs-prompt", _plot(lengths, {"prefill": ms}, "prompt length P (tokens)", "ms", "Prefill vs prompt length (twin)", zero=True))
-    drops = [max(0.0, 1 - b / a) for a, b in zip(ms, ms[1:])]
-    claim.verify("twin", growth=ms[-1] / ms[0], worst_drop=max(drops))
+    claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"P={lengths[0]}"].seconds))
 
 
 def _plot(xs, series, xlabel, ylabel, title, logx=False, zero=False):

@@ -83,3 +83,35 @@ def test_an_inconclusive_claim_is_neither_green_nor_red_and_the_report_says_why(
     section = md.split("## Inconclusive", 1)[1].split("\n## ", 1)[0]
     assert "measured 1.2 ± 0.5" in section and "the margin is 0.1 standard errors" in section and "quieter machine" in section
     assert "**Load:** load average" in section and "Candidate errata" not in md
+
+
+def test_a_variant_that_returns_marks_adds_one_series_per_mark_round_by_round():
+    clock = iter([0.1, 0.2, 0.3, 0.4])
+
+    def marked():
+        t = next(clock)
+        return timing.Marks({1: t, 4: 4 * t})
+
+    samples = timing.interleaved({"gen": marked, "plain": lambda: 7}, rounds=3, warmup=1)
+    assert set(samples) == {"gen", "plain", "gen@1", "gen@4"} and timing.mark_name("gen", 4) == "gen@4"
+    assert samples["gen@1"].seconds == [0.2, 0.3, 0.4] and samples["gen@4"].seconds == pytest.approx([0.8, 1.2, 1.6])  # the warm-up's marks are dropped
+    assert len(samples["plain"].seconds) == 3 and len(samples["gen"].seconds) == 3
+    est = timing.estimates(samples, lambda t: {"r": t["gen@4"] / t["gen@1"]})["r"]
+    assert est.value == pytest.approx(4.0) and est.per_round == pytest.approx((4.0, 4.0, 4.0)) and est.se == pytest.approx(0.0)
+
+
+def test_extra_rounds_keep_the_callers_warmup_of_none():
+    """A caller that warmed up outside the clock (warmup=0) gets no warm-up before an extra block either."""
+    warmups = []
+    run, calls = _fake_rounds([1.0, 2.2, 1.3, 1.9, 1.6] + [1.6] * 100)
+
+    def recording(variants, rounds, warmup):
+        warmups.append(warmup)
+        return run(variants, rounds, warmup)
+
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {"r": 1.2}, 3.0, rounds=5, warmup=0, run=recording)
+    assert warmups == [0, 0]
+    warmups.clear()
+    run, calls = _fake_rounds([1.0, 2.2, 1.3, 1.9, 1.6] + [1.6] * 100)
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {"r": 1.2}, 3.0, rounds=5, warmup=3, run=recording)
+    assert warmups == [3, 1]

@@ -63,7 +63,8 @@ def results() -> list[dict]:
     rec.verify("KV-IDENTITY", "stand-in", "cuda", {"identical": True, **used, "prompts": 4, "tokens": 48}, test=node + "test_cache_gives_identical_tokens[stand-in]", seconds=1.1)
     rec.not_run("KV-IDENTITY", "book", "cuda", "book weights not found: pass --book-model PATH (a local copy of Qwen/Qwen2.5-0.5B-Instruct)", node + "test_cache_gives_identical_tokens[book]")
     rec.verify(
-        "KV-SPEEDUP-48", "twin", "cuda", {"speedup": 3.47, "speedup_growth": 2.31, **used, "cached_s": 0.412, "uncached_s": 1.43},
+        "KV-SPEEDUP-48", "twin", "cuda",
+        {"speedup": 3.47, "speedup_se": 0.21, "speedup_growth": 2.31, "speedup_growth_se": 0.12, "rounds": 3, **used, "cached_s": 0.412, "uncached_s": 1.43},
         test=node + "test_cache_is_faster_and_more_so_for_longer_generations[twin]", seconds=8.0,
         figures=["plots/kv-decode-vs-context.png"],
         notes=["The twin has random weights: the speedup depends on shapes, not on weight values."],
@@ -84,7 +85,7 @@ def results() -> list[dict]:
         notes=["Measured with torch.cuda.max_memory_allocated after torch.cuda.reset_peak_memory_stats; weights subtracted."],
     )
     rec.verify(
-        "KV-PREFILL-GROWS", "twin", "cuda", {"growth": 2.8, "worst_drop": 0.31},
+        "KV-PREFILL-GROWS", "twin", "cuda", {"growth": 2.8, "growth_se": 0.2, "worst_drop": 0.31, "worst_drop_se": 0.04, "rounds": 3},
         test=node + "test_prefill_time_grows_with_prompt[twin]", seconds=6.5,
         tables=[{"title": "Prefill time by prompt length (twin, fp32)", "header": ["prompt tokens", "ms", "ms per token"],
                  "rows": [[128, 41.0, 0.32], [512, 88.0, 0.17], [1024, 61.0, 0.06], [2048, 115.0, 0.056]]}],
