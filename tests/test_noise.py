@@ -83,3 +83,16 @@ def test_an_inconclusive_claim_is_neither_green_nor_red_and_the_report_says_why(
     section = md.split("## Inconclusive", 1)[1].split("\n## ", 1)[0]
     assert "measured 1.2 ± 0.5" in section and "the margin is 0.1 standard errors" in section and "quieter machine" in section
     assert "**Load:** load average" in section and "Candidate errata" not in md
+
+
+def test_a_pending_rule_adds_rounds_until_it_is_satisfied_and_extra_seconds_cap_them():
+    """A decision that is a rule over several estimates (the knee) keeps the rounds going through ``pending``."""
+    run, calls = _fake_rounds([1.6] * 100)
+    pending = lambda found: ["knee"] if found["r"].rounds < 15 else []  # noqa: E731
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {}, 3.0, rounds=5, run=run, pending=pending)
+    assert calls == [5, 5, 5]
+    run, calls = _fake_rounds([1.6] * 100)
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {}, 3.0, rounds=5, run=run, pending=pending,
+                                     extra_seconds=0.0)
+    assert calls == [5]
+
