@@ -96,3 +96,25 @@ def test_a_pending_rule_adds_rounds_until_it_is_satisfied_and_extra_seconds_cap_
                                      extra_seconds=0.0)
     assert calls == [5]
 
+
+def test_one_real_runs_noise_is_what_its_step_times_explain():
+    """BAT-STATIC-CONT's real ratio and prediction error: standard errors propagated from the probes' spread (delta method)."""
+    from cheapinfer import batching
+
+    lengths, slots = batching.skewed_lengths(), 8
+    cost = {k: 0.010 + 0.001 * k for k in range(1, slots + 1)}
+
+    def validation(spread: float) -> batching.Validation:
+        probes = {k: [c * (1 + spread * d) for d in (-1.0, -0.5, 0.0, 0.5, 1.0)] for k, c in cost.items()}
+        static = batching.PolicyResult("static", 2.0, 100, 100, [], [], step_s=[0.02] * 100)
+        continuous = batching.PolicyResult("continuous", 1.0, 100, 50, [], [], step_s=[0.02] * 50)
+        real = {"throughput_ratio": 2.0}
+        return batching.Validation(batching.compare(lengths, slots, cost), real, {"static": static, "continuous": continuous},
+                                   cost, {}, probes, list(lengths), slots)
+
+    quiet, noisy, noisier = validation(0.0).noise(), validation(0.1).noise(), validation(0.2).noise()
+    assert quiet["real_throughput_ratio_se"] == 0.0 and quiet["prediction_error_se"] == 0.0
+    cv = 1.4826 * 0.05  # the MAD of (-0.1, -0.05, 0, 0.05, 0.1) relative to the median
+    assert noisy["step_noise"] == pytest.approx(cv)
+    assert noisy["real_throughput_ratio_se"] == pytest.approx(2.0 * cv * math.sqrt(1 / 100 + 1 / 50))
+    assert noisier["prediction_error_se"] == pytest.approx(2 * noisy["prediction_error_se"], rel=0.05)  # linear in the noise
