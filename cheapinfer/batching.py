@@ -65,14 +65,21 @@ from .kv import random_cache
 # ----------------------------------------------------------------------------------------------
 
 
+#: Requests whose random cache is drawn for a batch step; a larger batch repeats them. A step's cost depends on how
+#: many cached tokens it reads, not on their values, and the knee search's large batches (thousands of rows on a GPU)
+#: then build their caches on the device at once instead of drawing millions of random numbers on the CPU.
+CACHE_TILE = 256
+
+
 def decode_step(model, batch: int, context: int = 64, seed: int = SEED) -> Callable[[], torch.Tensor]:
     """One decode step for ``batch`` requests holding ``context`` cached tokens each.
 
     The returned callable runs one forward pass (one new token per request, at position
-    ``context``) and drops the token it appended, so every call measures the same step.
+    ``context``) and drops the token it appended, so every call measures the same step. Beyond
+    :data:`CACHE_TILE` requests the cached keys and values repeat those of the first ones.
     """
     p = next(model.parameters())
-    cache = random_cache(model.config, context, p.dtype, p.device, seed, batch)
+    cache = batch_cache(model, batch, context, seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(seed)).to(p.device)  # [B, 1]
     positions = torch.full((batch, 1), context, dtype=torch.long, device=p.device)  # [B, 1]
 
@@ -91,6 +98,18 @@ def step_forward(model, ids: torch.Tensor, cache, positions: torch.Tensor, atten
     Every decode forward of the batch curve and of both schedulers goes through here."""
     extra = {} if attention_mask is None else {"attention_mask": attention_mask}
     return hf.forward(model, ids, cache=cache, position_ids=positions, use_cache=True, **extra)
+
+
+def batch_cache(model, batch: int, context: int, seed: int = SEED):
+    """A random ``DynamicCache`` of ``context`` tokens for each of ``batch`` requests, in the model's dtype and on its
+    device; beyond :data:`CACHE_TILE` requests the keys and values repeat those of the first ones."""
+    p = next(model.parameters())
+    cache = random_cache(model.config, context, p.dtype, p.device, seed, min(batch, CACHE_TILE))
+    if batch > CACHE_TILE:
+        rows = torch.arange(batch, device=p.device) % CACHE_TILE
+        for layer in cache.layers:  # [CACHE_TILE, H, C, D] -> [B, H, C, D]
+            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+    return cache
 
 
 @dataclass(frozen=True)
@@ -390,7 +409,10 @@ def search_knee(curve: Mapping[int, Sequence[float]], measure: Measure, budget: 
 
     ``measure(b, 2b, seconds)`` times ``b`` and ``2b`` side by side and returns (their rounds, the seconds its
     setup took, the cache-use evidence of the traced step); ``seconds`` is what it may add in extra rounds while
-    the new doubling is within the noise of ``threshold``. Only the powers of two of ``curve`` are read.
+    the new doubling is within the noise of ``threshold``: the budget left after this step and, where the planner
+    would afford it, the next one. A doubling the noise leaves open is cheaper to pass than to decide: the next
+    one gains less, so more often decides below; extra rounds only use what the next size could not.
+    Only the powers of two of ``curve`` are read.
     """
     plan = plan or plan_next
     powers = {b: list(v) for b, v in curve.items() if b & (b - 1) == 0}
@@ -406,8 +428,10 @@ def search_knee(curve: Mapping[int, Sequence[float]], measure: Measure, budget: 
             stopped = p.reason
             break
         small = max(last)
+        ahead = plan({small: last[small], p.batch: p.predicted_step_s}, spent + p.predicted_stage_s, budget, memory, rounds, warmup=warmup, setup_s=setup)
+        reserve = ahead.predicted_stage_s if ahead.batch is not None else 0.0
         t0 = clock()
-        timed, setup, used = measure(small, p.batch, max(budget.seconds - spent - p.predicted_stage_s, 0.0))
+        timed, setup, used = measure(small, p.batch, max(budget.seconds - spent - p.predicted_stage_s - reserve, 0.0))
         took = clock() - t0
         spent += took
         stages.append(Stage(small, p.batch, {b: list(v) for b, v in timed.items()}, took, setup, p, used))

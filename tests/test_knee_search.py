@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from cheapinfer import batching
 from cheapinfer.arch import QWEN25_05B, qwen2_config
@@ -140,11 +141,26 @@ def test_a_search_that_stops_with_budget_left_is_not_complete():
     assert not batching.search_complete(found, budget, lambda s, l: 0, ROUNDS)
 
 
-def test_the_extra_rounds_of_a_search_step_come_out_of_the_time_left():
+def test_the_extra_rounds_of_a_search_step_leave_room_for_the_next_size():
     t = _step(1.0, 0.004)
     found, dev = _search(t, [1, 2, 4, 8, 16, 32, 64, 128], Budget(100.0, GB))
     first = found.stages[0]
-    assert dev.calls[0][2] == pytest.approx(100.0 - first.plan.predicted_stage_s)
+    ahead = batching.plan_next({128: t(128), 256: first.plan.predicted_step_s}, first.plan.predicted_stage_s, Budget(100.0, GB),
+                               lambda s, l: 0, ROUNDS)
+    assert ahead.batch == 512 and dev.calls[0][2] == pytest.approx(100.0 - first.plan.predicted_stage_s - ahead.predicted_stage_s)
+    found, dev = _search(t, [1, 2, 4, 8, 16, 32, 64, 128], Budget(100.0, GB), memory=lambda small, large: 0 if large <= 256 else 2 * GB)
+    assert dev.calls[0][2] == pytest.approx(100.0 - found.stages[0].plan.predicted_stage_s)  # no next size to keep room for
+
+
+def test_a_batch_beyond_the_cache_tile_repeats_its_first_requests_caches(monkeypatch):
+    from cheapinfer import models
+
+    small = models.twin("fp32", "cpu", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=32, vocab_size=256).model
+    monkeypatch.setattr(batching, "CACHE_TILE", 2)
+    keys = batching.batch_cache(small, 5, context=4).layers[0].keys  # [5, H, 4, D]
+    assert keys.shape[0] == 5 and torch.equal(keys[2], keys[0]) and torch.equal(keys[4], keys[0]) and not torch.equal(keys[1], keys[0])
+    assert batching.decode_step(small, 5, context=4)().shape == (5,)
 
 
 def test_a_search_steps_memory_counts_weights_both_caches_and_the_larger_activations():
