@@ -143,6 +143,23 @@ def peak_above_resident(fn: Callable[[], object], device: torch.device | str) ->
     return tracker.peak
 
 
+def available_memory(device: torch.device | str) -> int:
+    """Bytes the device can still hand out now: on CUDA the driver's free memory plus what torch's caching
+    allocator holds unused; on a CPU the kernel's estimate of memory available without swapping
+    (``MemAvailable`` of ``/proc/meminfo``; elsewhere 0, so that nothing beyond it is planned)."""
+    if _cuda(device):
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------
 # bandwidth
 # ------------------------------------------------------------------------------------------------

@@ -113,10 +113,19 @@ def _environment(device: str) -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
         "torch_threads": str(torch.get_num_threads()),
         "timing_threads_cpu": str(_timing_threads()),
+        **cpu_kernels(),
         **describe(device),  # gpu, its memory and compute capability, driver, CUDA, cuDNN, attention kernel
     }
     env.update(library_versions())
     return env
+
+
+def cpu_kernels() -> dict[str, str]:
+    """The CPU kernel family the run was allowed: torch's vector capability (``ATEN_CPU_CAPABILITY`` caps it) and
+    oneDNN's instruction-set cap (``ONEDNN_MAX_CPU_ISA``; unset: the best the CPU has). The serving dtype of the
+    batch claims follows it (:func:`cheapinfer.models.serving_dtype`)."""
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
+    return {"cpu_capability": str(capability), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default")}
 
 
 #: The libraries whose versions a run records (and an erratum may be limited to).

@@ -327,19 +327,41 @@ def _latency_per_token():
     section="BAT",
     kind=RULE,
     targets=("BAT-KNEE",),
-    what="the knee search returns after the first doubling of the batch (a return indented into the loop) instead of searching past the steepest doubling",
+    what="the knee rule returns after the first doubling of the batch (a return indented into the loop) instead of searching past the steepest doubling",
 )
 def _knee_first_doubling():
-    def first_only(points, threshold: float = 1.25):
-        by = {p.batch: p for p in points}
-        doublings = [(b, 2 * b, by[2 * b].throughput / by[b].throughput) for b in sorted(by) if 2 * b in by]
-        for b, _, gain in doublings:
-            if gain < threshold:
-                return b, doublings
-            return None, doublings
-        return None, doublings
+    def first_only(found, threshold: float = 1.25, sigmas: float = 3.0):
+        for d in found:
+            if d.side(threshold, sigmas) == "below":
+                return d.small
+            return None
+        return None
 
     with patched(batching, "knee", first_only):
+        yield
+
+
+@fault(
+    "knee-search-stops-at-fixed-size",
+    section="BAT",
+    kind=RULE,
+    targets=("BAT-KNEE",),
+    what="the knee search looks no further than a fixed batch size, 16 (the book's own table), and stops there, although the device's memory and the search's time budget allow more",
+)
+def _knee_search_fixed_size():
+    real = batching.search_knee
+    fixed = 16
+
+    def stop_at_fixed(steps, spent_s, budget, memory, rounds, warmup=1, setup_s=0.0):
+        if max(steps) >= fixed:
+            return batching.Plan(None, f"the search stops at batch {fixed}")
+        return batching.plan_next(steps, spent_s, budget, memory, rounds, warmup=warmup, setup_s=setup_s)
+
+    def fixed_range(curve, measure, budget, memory, rounds, threshold=1.25, sigmas=3.0, warmup=1, plan=None, clock=None):
+        kept = {b: v for b, v in curve.items() if b <= fixed}
+        return real(kept, measure, budget, memory, rounds, threshold, sigmas, warmup, plan=stop_at_fixed, **({"clock": clock} if clock else {}))
+
+    with patched(batching, "search_knee", fixed_range):
         yield
 
 

@@ -267,6 +267,7 @@ class Step:
     step_s: float
     copy_bandwidth: float  # bytes/s of a plain copy, measured in the same run
     evidence: dict = field(default_factory=dict)  # the timed step, traced once: it used its cache (cheapinfer.evidence)
+    seconds: tuple[float, ...] = ()  # the step's time in each interleaved round (for the noise of ratios between variants)
 
     @property
     def bandwidth(self) -> float:
@@ -279,12 +280,14 @@ class Step:
         return self.bandwidth / self.copy_bandwidth
 
 
-def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 32, rounds: int = 7, warmup: int = 2, copy_bytes: int = 2**28) -> dict[str, Step]:
+def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 32, rounds: int = 7, warmup: int = 2, copy_bytes: int = 2**28,
+                 quantities: Callable[[Mapping[str, float]], Mapping[str, float]] | None = None) -> dict[str, Step]:
     """Batch-1 decode step of each model at ``context`` cached tokens, and a memory copy, in one interleaved run.
 
     ``timed(variants, rounds, warmup)`` is :func:`cheapinfer.timing.interleaved` (or the suite's
-    fixture around it). The copy (``copy_bytes``, far beyond the last-level cache) gives the
-    bandwidth the roofline is read against.
+    fixture around it; with ``quantities``, a function of one set of step times by model name, it is
+    handed on, so that the fixture adds rounds while a noisy check on them cannot decide). The copy
+    (``copy_bytes``, far beyond the last-level cache) gives the bandwidth the roofline is read against.
     """
     from .accel import copy_callable
     from .batching import decode_step
@@ -294,6 +297,7 @@ def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 3
     evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}
     device = next(next(iter(models.values())).parameters()).device
     copy_fn, moved = copy_callable(copy_bytes, device)
-    samples = timed({**steps, "memory copy": copy_fn}, rounds=rounds, warmup=warmup)
+    variants = {**steps, "memory copy": copy_fn}
+    samples = timed(variants, rounds=rounds, warmup=warmup) if quantities is None else timed(variants, rounds=rounds, warmup=warmup, quantities=quantities)
     bw = moved / samples["memory copy"].median
-    return {name: Step(name, streamed_bytes(m), samples[name].median, bw, evidence[name]) for name, m in models.items()}
+    return {name: Step(name, streamed_bytes(m), samples[name].median, bw, evidence[name], tuple(samples[name].seconds)) for name, m in models.items()}

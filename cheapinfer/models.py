@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -25,19 +26,94 @@ from .arch import BOOK_REPOS, QWEN25_05B, qwen2_config
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
+#: The CPU flags of native bf16 matrix instructions (AVX512-BF16 dot products, AMX tiles).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: oneDNN's instruction-set caps (``ONEDNN_MAX_CPU_ISA``) that admit those instructions: AVX512_CORE_BF16 and above.
+#: Below it (AVX2, AVX512_CORE, AVX512_CORE_VNNI, ...) oneDNN computes bf16 by widening it to fp32.
+ONEDNN_BF16_ISAS = ("ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                    "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2")
+#: A product of the twin's MLP shape, [8, 896] x [896, 4864], timed in bf16 and fp32 on one thread (medians of 15
+#: interleaved rounds): reported beside the decision, and the decider where the flags or the cap cannot be read.
+BF16_PROBE_SHAPE = (8, 896, 4864)
+#: Where the probe decides, bf16 is served when its product takes less than this fraction of fp32's. Measured on one
+#: thread of a loaded 2-core AMX CPU with oneDNN capped to each family: AMX 0.13-0.31x; AVX512-BF16 0.31-0.89x
+#: (bimodal under load); AVX512 without BF16 1.02-1.76x and AVX2 1.3-2.3x (emulated). Load blurs the native and the
+#: emulated ranges towards each other, which is why the flags and the cap decide where they can be read.
+BF16_NATIVE_RATIO = 1.0
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_probe() -> float:
+    """Median time of the bf16 probe product over fp32's (:data:`BF16_PROBE_SHAPE`), one thread, 15 interleaved rounds."""
+    from .timing import interleaved
+
+    rows, inp, out = BF16_PROBE_SHAPE
+    g = torch.Generator().manual_seed(SEED)
+    x, w = torch.randn(rows, inp, generator=g), torch.randn(out, inp, generator=g)
+    pairs = {dt: (x.to(DTYPES[dt]), w.to(DTYPES[dt])) for dt in ("fp32", "bf16")}
+    samples = interleaved({dt: (lambda a=a, b=b: torch.nn.functional.linear(a, b)) for dt, (a, b) in pairs.items()}, rounds=15, warmup=3)
+    return samples["bf16"].median / samples["fp32"].median
+
+
+def _cpu_flags() -> set[str] | None:
+    """The CPU's instruction flags (``/proc/cpuinfo``), or None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def cpu_bf16_native(environ=None) -> tuple[bool, str]:
+    """Whether the CPU kernels this run may use compute bf16 natively, and how that was decided.
+
+    1. oneDNN's own check (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) follows ``ONEDNN_MAX_CPU_ISA`` only in
+       part: it says False when capped to AVX2, but True on AVX512 without BF16 instructions, where oneDNN emulates
+       bf16 (widening every element to fp32; its product was 1.0-1.8x fp32's here). False: no native bf16.
+    2. Otherwise the instructions decide: the CPU has AVX512-BF16 or AMX-BF16 (:data:`BF16_FLAGS`) and oneDNN's cap,
+       if any, admits them (:data:`ONEDNN_BF16_ISAS`).
+    3. Where the flags or the cap cannot be read, the probe decides: bf16 where its product is faster than fp32's
+       (:data:`BF16_NATIVE_RATIO`).
+
+    The probe's ratio is measured and reported in every case where 1. passes (:func:`bf16_probe`).
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if check is None or not check():
+        return False, "oneDNN reports no bf16 support for the instruction set it may use: bf16 would be emulated"
+    ratio = bf16_probe()
+    probe = f"a bf16 {BF16_PROBE_SHAPE[0]} x {BF16_PROBE_SHAPE[1]} x {BF16_PROBE_SHAPE[2]} product took {ratio:.2f}x fp32's"
+    flags = _cpu_flags()
+    cap = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
+    known_caps = ONEDNN_BF16_ISAS + ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+    if flags is not None and cap in known_caps:
+        has = [f for f in BF16_FLAGS if f in flags]
+        native = bool(has) and cap in ONEDNN_BF16_ISAS
+        why = (f"the CPU has {', '.join(has)} and oneDNN may use it (cap {cap})" if native
+               else f"oneDNN is capped to {cap}, below AVX512_CORE_BF16" if has else "the CPU has no AVX512-BF16 or AMX-BF16 instructions")
+        return native, f"{'native' if native else 'emulated'} bf16: {why}; {probe}"
+    native = ratio < BF16_NATIVE_RATIO
+    return native, f"{probe} ({'below' if native else 'not below'} {BF16_NATIVE_RATIO:g}x; CPU flags or oneDNN cap {cap!r} unreadable): {'native' if native else 'emulated'} bf16"
+
+
 def serving_dtype(device: str | torch.device) -> str:
     """The dtype the book's model is *served* in on this device: the batch claims are about a serving step.
 
     On a GPU the chapter serves it in fp16 ("de fp16 die je daadwerkelijk zou deployen"). On a CPU
-    with native bf16 matrix kernels (oneDNN's own check: AVX512-BF16 or AMX) it is the checkpoint's
-    own dtype, bf16 (Qwen2.5's ``torch_dtype``), as CPU serving stacks choose; without them bf16 and
-    fp16 matmuls are emulated and a CPU server runs fp32. On an MKL CPU fp32's matmul for 2 or 3 rows
-    reads the weights once per row, slower than for 4 (BAT-TRADEOFF reports it beside the claim).
+    with native bf16 matrix kernels (AVX512-BF16 or AMX, among those oneDNN is allowed to use, decided by
+    :func:`cpu_bf16_native`) it is the checkpoint's own dtype, bf16 (Qwen2.5's ``torch_dtype``), as CPU
+    serving stacks choose; without them bf16 and fp16 matmuls are emulated and a CPU server runs fp32.
+    On an MKL CPU fp32's matmul for 2 or 3 rows reads the weights once per row, slower than for 4
+    (BAT-TRADEOFF reports it beside the claim).
     """
     if torch.device(device).type == "cuda":
         return "fp16"
-    native_bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return "bf16" if native_bf16 is not None and native_bf16() else "fp32"
+    return "bf16" if cpu_bf16_native()[0] else "fp32"
 
 
 class BookModelError(ValueError):

@@ -22,10 +22,14 @@ prints. Each claim holds:
     standard error over the rounds, ``<q>_se``; the check decides only where the margin to the bound
     is at least :data:`NOISE_SIGMAS` standard errors (a two-sided z-test at level 0.27% under normal
     noise), pass or fail. A margin within the noise (after the measurement's extra rounds, up to its
-    budget) decides nothing.
+    budget) decides nothing. ``noise = "steps"`` is the same test for a quantity read from one run of
+    many single steps (a real scheduler's run), whose standard error is what that run's step-time noise
+    explains (the measurement states how it propagates it).
   - ``searched = true`` on a boolean ``== true`` check: something the claim says exists, searched for
     over a range the measurement could afford (the range is in the measured values). Not found there
-    decides nothing: the range, not the book, ran out.
+    decides nothing: the range, not the book, ran out. A check on what was searched for (the knee's
+    gains) names that search with ``when_found = "<q>"``: where it was not found there is nothing to
+    judge, and the check is reported, not asserted.
 - ``erratum`` (optional): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
   bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
   would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
@@ -64,7 +68,9 @@ INCONCLUSIVE = "inconclusive"
 VERDICTS = (REPRODUCED, SHAPE_HOLDS, ERRATUM, INCONCLUSIVE, DEVIATES, NOT_RUN, NO_TEST)
 #: A noisy check decides only where its margin to the bound is at least this many standard errors.
 NOISE_SIGMAS = 3.0
-NOISE_KINDS = ("rounds",)
+NOISE_KINDS = ("rounds", "steps")
+#: How the inconclusive message names each kind of standard error.
+NOISE_WORDS = {"rounds": "standard error over the rounds", "steps": "standard error from the run's step-time noise"}
 
 PROFILES = ("arithmetic", "twin", "stand-in", "book")
 SECTIONS = {
@@ -99,8 +105,9 @@ class Check:
     op: str = ""  # shape: comparison operator
     bound: Any = None  # shape: the bound
     requires: str = ""  # "" or "cuda"
-    noise: str = ""  # shape: "rounds" (the measurement hands <q>_se, the standard error over timing rounds)
+    noise: str = ""  # shape: "rounds" or "steps" (the measurement hands <q>_se, the standard error over timing rounds or a run's steps)
     searched: bool = False  # shape, bool == true: existence searched over an affordable range; not found decides nothing
+    when_found: str = ""  # the searched check whose find this check measures: asserted only where it was found
 
     @property
     def se_key(self) -> str:
@@ -243,7 +250,7 @@ class Judgement:
                            "search further on a device with more memory or time")
             else:
                 margin = abs(o.measured - o.target) / o.se if o.se else math.inf
-                out.append(f"{claim.id} {o.check.q}: measured {fmt(o.measured)} +- {fmt(o.se)} (standard error over the rounds), "
+                out.append(f"{claim.id} {o.check.q}: measured {fmt(o.measured)} +- {fmt(o.se)} ({NOISE_WORDS[o.check.noise]}), "
                            f"expected {o.check.describe(claim.book)}: the margin is {margin:.1f} standard errors, fewer than the "
                            f"{NOISE_SIGMAS:g} needed to decide; measure on a quieter machine or with more rounds")
         return out
@@ -289,8 +296,8 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
             raise RegistryError(f"{claim_id}: searched check {raw.get('q')!r} must be '== true' (found in the range searched)")
     else:
         raise RegistryError(f"{claim_id}: unknown check kind {kind!r}")
-    if kind == "digits" and ("noise" in raw or "searched" in raw):
-        raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise and searched belong to shape checks")
+    if kind == "digits" and ("noise" in raw or "searched" in raw or "when_found" in raw):
+        raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise, searched and when_found belong to shape checks")
     return Check(
         q=raw["q"],
         kind=kind,
@@ -302,6 +309,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         requires=raw.get("requires", ""),
         noise=raw.get("noise", ""),
         searched=bool(raw.get("searched", False)),
+        when_found=str(raw.get("when_found", "")),
     )
 
 
@@ -367,6 +375,10 @@ def parse(text: str) -> dict[str, Claim]:
             raise RegistryError(f"{claim_id}: source names no book value: {sorted(unknown)}")
         source = {k: _source_from(claim_id, k, v) for k, v in raw.get("source", {}).items()}
         checks = tuple(_check_from(claim_id, c, book) for c in raw.get("checks", ()))
+        searched = {c.q for c in checks if c.searched}
+        for c in checks:
+            if c.when_found and c.when_found not in searched:
+                raise RegistryError(f"{claim_id}: check {c.q!r} is measured when {c.when_found!r} is found, which no searched check of this claim names")
         claims[claim_id] = Claim(
             id=claim_id,
             section=section,
@@ -484,6 +496,8 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
         target = check.bound if check.kind == "shape" else claim.book[check.q]
         asserted = check.kind == "shape" or digits_here
         if check.requires == "cuda" and not device.startswith("cuda"):
+            asserted = False
+        if check.when_found and measured.get(check.when_found) is False:  # nothing found to measure: reported only
             asserted = False
         value = measured.get(check.q)
         documented = bool(erratum) and asserted and check.kind == "digits" and check.q in erratum.fails

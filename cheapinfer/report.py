@@ -411,6 +411,11 @@ def _load_text(load: dict[str, Any] | None) -> str:
             f"CPU steal {'?' if steal is None else f'{steal:.1%}'}")
 
 
+def _noise_words(chk: dict[str, Any]) -> str:
+    """How a noisy check's standard error was estimated, in words (a record without the kind: over the rounds)."""
+    return registry.NOISE_WORDS.get(chk.get("noise") or "rounds", "standard error")
+
+
 def _inconclusive_lines(record: dict[str, Any]) -> list[str]:
     """Results the measurement could not decide: each undecided check with its numbers, the load, and what to do.
 
@@ -434,7 +439,7 @@ def _inconclusive_lines(record: dict[str, Any]) -> list[str]:
                 se, m, bound = chk.get("se"), chk.get("measured"), chk.get("bound")
                 numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (se, m, bound))
                 margin = f"{abs(m - bound) / se:.1f}" if numbers and se else "?"
-                lines.append(f"- `{chk['q']}`: measured {_value(m)} ± {_value(se)} (standard error over the rounds); expected "
+                lines.append(f"- `{chk['q']}`: measured {_value(m)} ± {_value(se)} ({_noise_words(chk)}); expected "
                              f"`{chk['expected']}`: the margin is {margin} standard errors, fewer than the {_value(chk.get('sigmas'))} needed "
                              "to decide. **To do:** run on a quieter machine, or with more rounds.")
         lines.append(f"- **Load:** {_load_text(r.get('load'))}.")
@@ -554,7 +559,7 @@ def _result_lines(claim_id: str, claim: dict[str, Any], r: dict[str, Any]) -> li
     for chk in r.get("checks", []):
         status = "undecided" if chk.get("decided") is False else "ok" if chk["passed"] else "FAILS"
         role = "asserted" if chk["asserted"] else "reported"
-        noise = f" ± {_value(chk['se'])} (standard error over the rounds)" if chk.get("se") is not None else ""
+        noise = f" ± {_value(chk['se'])} ({_noise_words(chk)})" if chk.get("se") is not None else ""
         lines.append(f"  - `{chk['q']}`: measured {_value(chk['measured'])}{noise}; expected {chk['expected']} — {status}, {role} ({chk['why']})")
     checked = {chk["q"] for chk in r.get("checks", [])}
     others = {k: v for k, v in r.get("measured", {}).items() if k not in checked}

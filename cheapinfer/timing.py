@@ -194,19 +194,26 @@ def interleaved_until_decided(
     warmup: int = 1,
     device: torch.device | str = "cpu",
     run: Callable[..., dict[str, Samples]] | None = None,
+    pending: Callable[[Mapping[str, Estimate]], list[str]] | None = None,
+    extra_seconds: float = EXTRA_SECONDS,
 ) -> dict[str, Samples]:
     """:func:`interleaved`, then more rounds (a block of ``rounds`` at a time, each after one warm-up, none where the
     first block had none: the blocks run back to back, so a caller that warmed up outside the clock stays so) while a
     quantity's margin to its bound (``bounds``: quantity -> bound) is within ``sigmas`` standard errors, up to
-    :data:`MAX_ROUNDS_FACTOR` x ``rounds`` in all and :data:`EXTRA_SECONDS` of extra time. ``run`` times a block
-    (default :func:`interleaved`; the suite's fixture records it with pytest-benchmark)."""
+    :data:`MAX_ROUNDS_FACTOR` x ``rounds`` in all and ``extra_seconds`` (default :data:`EXTRA_SECONDS`) of extra
+    time. ``pending(estimates)`` names further undecided quantities where a decision is a rule over several
+    estimates rather than one bound (the knee of the batch curve: :func:`cheapinfer.batching.knee_pending`).
+    ``run`` times a block (default :func:`interleaved`; the suite's fixture records it with pytest-benchmark)."""
     run = run or (lambda v, r, w: interleaved(v, rounds=r, warmup=w, device=device))
     t0 = time.perf_counter()
     samples = run(variants, rounds, warmup)
     block = time.perf_counter() - t0  # a block of rounds with its warm-up: what one more block will take, about
     extra = 0.0
-    while undecided(estimates(samples, quantities), bounds, sigmas):
-        if len(next(iter(samples.values())).seconds) + rounds > MAX_ROUNDS_FACTOR * rounds or extra + block > EXTRA_SECONDS:
+    while True:
+        found = estimates(samples, quantities)
+        if not (undecided(found, bounds, sigmas) or (pending is not None and pending(found))):
+            break
+        if len(next(iter(samples.values())).seconds) + rounds > MAX_ROUNDS_FACTOR * rounds or extra + block > extra_seconds:
             break
         t0 = time.perf_counter()
         more = run(variants, rounds, min(warmup, 1))

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, strategies as st
 from scipy import stats
 
-from cheapinfer import SEED, evaluation, evidence, registry, speculative as spec
+from cheapinfer import SEED, evaluation, evidence, registry, speculative as spec, timing
 from cheapinfer.quant import SCHEMES
 from fixtures.evaluation import SPEC_GAMMA
 from fixtures.plugin import on_profiles
@@ -34,16 +34,21 @@ def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
     matrix-matrix product, barely more expensive than the pass over one"."""
     context = 128
     variants = spec.verify_callables(twin.model, context, widths=(1, 5, 9), seed=SEED)
-    samples = timed(variants, rounds=5, warmup=1)
+
+    def costs(t) -> dict[str, float]:  # one set of pass times -> the claim's clocked ratios
+        return {"cost": t["k=5"] / t["k=1"], "cost_per_position_gamma8": t["k=9"] / (9 * t["k=1"])}
+
+    samples = timed(variants, rounds=5, warmup=1, quantities=costs)
     used = evidence.traced_each(twin.model, variants)  # each timed pass once more, traced, outside the clock
     claim.note(f"the timed verification passes, traced once: {evidence.describe(used)}")
     one = samples["k=1"].median
+    found = timing.estimates(samples, costs)
     claim.verify(
         "twin",
         **evidence.conditions(used),
-        cost=samples["k=5"].median / one,
+        **timing.measured(found),
+        rounds=found["cost"].rounds,
         cost_gamma8=samples["k=9"].median / one,
-        cost_per_position_gamma8=samples["k=9"].median / (9 * one),
         seconds_one_position=one,
         seconds_5_positions=samples["k=5"].median,
         seconds_9_positions=samples["k=9"].median,
@@ -235,6 +240,9 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
     gamma, new = 4, 8
     probe = spec.generate_traced(stand_in.model, prompt, new, draft=draft, gamma=gamma)  # the timed loop, once, traced
     used = evidence.combine(*probe.evidence.values())
+    def slowdown(t) -> dict[str, float]:  # one set of generation times -> the claim's clocked ratio
+        return {"slowdown": t["speculative"] / t["plain"]}
+
     samples = timed(
         {
             "plain": lambda: spec.generate(stand_in.model, prompt, new),
@@ -242,7 +250,9 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
         },
         rounds=3,
         warmup=1,
+        quantities=slowdown,
     )
+    found = timing.estimates(samples, slowdown)
     claim.note(
         "Draft: the stand-in with INT4 per-tensor weights, which accepts almost nothing. The draft is fake-quantized, so it "
         "costs as much as the target (c ~ 1): the formula predicts E / (gamma c + 1) ~ 1 / 5."
@@ -251,7 +261,8 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
     claim.verify(
         "stand-in",
         **evidence.conditions(used),
-        slowdown=samples["speculative"].median / samples["plain"].median,
+        **timing.measured(found),
+        rounds=found["slowdown"].rounds,
         alpha=probe.alpha,
         predicted_speedup_c1=spec.speedup(probe.alpha if probe.evaluated else 0.0, gamma, 1.0),
         seconds_plain=samples["plain"].median,

@@ -115,3 +115,38 @@ def test_extra_rounds_keep_the_callers_warmup_of_none():
     run, calls = _fake_rounds([1.0, 2.2, 1.3, 1.9, 1.6] + [1.6] * 100)
     timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {"r": 1.2}, 3.0, rounds=5, warmup=3, run=recording)
     assert warmups == [3, 1]
+
+
+def test_a_pending_rule_adds_rounds_until_it_is_satisfied_and_extra_seconds_cap_them():
+    """A decision that is a rule over several estimates (the knee) keeps the rounds going through ``pending``."""
+    run, calls = _fake_rounds([1.6] * 100)
+    pending = lambda found: ["knee"] if found["r"].rounds < 15 else []  # noqa: E731
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {}, 3.0, rounds=5, run=run, pending=pending)
+    assert calls == [5, 5, 5]
+    run, calls = _fake_rounds([1.6] * 100)
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {}, 3.0, rounds=5, run=run, pending=pending,
+                                     extra_seconds=0.0)
+    assert calls == [5]
+
+
+def test_one_real_runs_noise_is_what_its_step_times_explain():
+    """BAT-STATIC-CONT's real ratio and prediction error: standard errors propagated from the probes' spread (delta method)."""
+    from cheapinfer import batching
+
+    lengths, slots = batching.skewed_lengths(), 8
+    cost = {k: 0.010 + 0.001 * k for k in range(1, slots + 1)}
+
+    def validation(spread: float) -> batching.Validation:
+        probes = {k: [c * (1 + spread * d) for d in (-1.0, -0.5, 0.0, 0.5, 1.0)] for k, c in cost.items()}
+        static = batching.PolicyResult("static", 2.0, 100, 100, [], [], step_s=[0.02] * 100)
+        continuous = batching.PolicyResult("continuous", 1.0, 100, 50, [], [], step_s=[0.02] * 50)
+        real = {"throughput_ratio": 2.0}
+        return batching.Validation(batching.compare(lengths, slots, cost), real, {"static": static, "continuous": continuous},
+                                   cost, {}, probes, list(lengths), slots)
+
+    quiet, noisy, noisier = validation(0.0).noise(), validation(0.1).noise(), validation(0.2).noise()
+    assert quiet["real_throughput_ratio_se"] == 0.0 and quiet["prediction_error_se"] == 0.0
+    cv = 1.4826 * 0.05  # the MAD of (-0.1, -0.05, 0, 0.05, 0.1) relative to the median
+    assert noisy["step_noise"] == pytest.approx(cv)
+    assert noisy["real_throughput_ratio_se"] == pytest.approx(2.0 * cv * math.sqrt(1 / 100 + 1 / 50))
+    assert noisier["prediction_error_se"] == pytest.approx(2 * noisy["prediction_error_se"], rel=0.05)  # linear in the noise

@@ -290,6 +290,32 @@ def test_a_perturbed_noisy_check_fails_beyond_its_noise():
     assert registry.judge(registry.perturb(claim, measured), measured, "twin").verdict == DEVIATES
 
 
+_FOUND = (
+    '[F]\nsection = "BAT"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    'checks = [{q = "found", kind = "shape", op = "==", bound = true, searched = true, why = "w"},'
+    '{q = "gain", kind = "shape", op = ">", bound = 1.6, noise = "rounds", when_found = "found", why = "w"},'
+    '{q = "rows", kind = "shape", op = "==", bound = 1, why = "w"}]\n'
+)
+
+
+@pytest.mark.parametrize(("measured", "verdict"), [
+    ({"found": True, "gain": 1.9, "gain_se": 0.05}, SHAPE_HOLDS),
+    ({"found": True, "gain": 1.2, "gain_se": 0.05}, DEVIATES),  # found, and what was found fails beyond its noise
+    ({"found": False, "gain": float("nan"), "gain_se": float("inf")}, registry.INCONCLUSIVE),  # nothing found: nothing to judge
+])
+def test_a_check_on_what_was_searched_for_is_judged_only_where_it_was_found(measured, verdict):
+    claim = registry.parse(_FOUND)["F"]
+    judged = registry.judge(claim, {**measured, "rows": 1, "searched_up_to": 512}, "twin")
+    assert judged.verdict == verdict
+    assert next(o for o in judged.outcomes if o.check.q == "gain").asserted == measured["found"]
+
+
+def test_a_check_measured_when_something_is_found_must_name_a_search():
+    with pytest.raises(RegistryError, match="no searched check"):
+        registry.parse('[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{q = "x", kind = "shape", op = ">", bound = 1.0, '
+                       'when_found = "found", why = "w"}]\n')
+
+
 @pytest.mark.parametrize("check, problem", [
     ('{q = "x", kind = "shape", op = "==", bound = 1.0, noise = "rounds", why = "w"}', "noisy check"),
     ('{q = "x", kind = "shape", op = ">", bound = 1.0, noise = "guess", why = "w"}', "noisy check"),

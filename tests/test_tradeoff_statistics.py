@@ -44,12 +44,29 @@ def test_a_larger_batch_that_waits_less_is_found_and_an_equal_one_is_not():
     assert batching.tradeoff({1: fast, 2: slow}).beyond_noise == []
 
 
-@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
-def test_a_cpu_serves_bf16_only_with_native_bf16_kernels(native, expected, monkeypatch):
+@pytest.mark.parametrize("check, flags, cap, probe, expected", [
+    (False, {"avx512_bf16"}, None, 0.3, "fp32"),                    # oneDNN capped to AVX2: no bf16 at all
+    (True, {"avx512_bf16", "amx_bf16"}, None, 0.3, "bf16"),         # AMX, nothing capped
+    (True, {"avx512_bf16", "amx_bf16"}, "AVX512_CORE_BF16", 0.5, "bf16"),
+    (True, {"avx512_bf16", "amx_bf16"}, "avx512_core", 0.5, "fp32"),  # capped below BF16: emulated, whatever the probe says
+    (True, {"avx512f"}, None, 0.5, "fp32"),                         # an AVX512 CPU without BF16 instructions
+    (True, None, None, 0.5, "bf16"),                                # flags unreadable: the probe decides
+    (True, None, None, 1.4, "fp32"),
+    (True, {"avx512_bf16"}, "SOME_FUTURE_ISA", 1.4, "fp32"),        # a cap it does not know: the probe decides
+])
+def test_a_cpu_serves_bf16_only_with_native_bf16_kernels_allowed(check, flags, cap, probe, expected, monkeypatch):
     import torch
 
     from cheapinfer import models
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: check)
+    monkeypatch.setattr(models, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(models, "bf16_probe", lambda: probe)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
     assert models.serving_dtype("cpu") == expected
     assert models.serving_dtype("cuda") == "fp16"
+    assert models.cpu_bf16_native()[1]  # the decision says how it was made
