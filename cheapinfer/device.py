@@ -18,6 +18,10 @@ from .accel import describe, sync  # noqa: F401  (sync: the suite's one way to w
 
 #: Profiles whose measurement runs a model on the run's device (``arithmetic`` runs none).
 MODEL_PROFILES = ("twin", "stand-in", "book")
+#: Environment variables that cap the CPU kernels a process may use: oneDNN's (bf16 and int8 matmuls, the
+#: serving dtype's check), ATen's vectorised kernels (attention, reductions, the low-bit packs) and MKL's
+#: (fp32 GEMM). Each run records the ones set (``cpu_isa_caps``) and ATen's capability (``cpu_capability``).
+ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 T = TypeVar("T")
@@ -113,6 +117,8 @@ def _environment(device: str) -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
         "torch_threads": str(torch.get_num_threads()),
         "timing_threads_cpu": str(_timing_threads()),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's kernel family in this process
+        "cpu_isa_caps": ", ".join(f"{v}={os.environ[v]}" for v in ISA_VARIABLES if os.environ.get(v)) or "none",
         **describe(device),  # gpu, its memory and compute capability, driver, CUDA, cuDNN, attention kernel
     }
     env.update(library_versions())
