@@ -54,14 +54,13 @@ def _verify(argv: list[str]) -> int:
     run_id = report.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
     code, interrupted = _run_interruptibly(cmd + ["-r", "fE"] + rest, {**os.environ, report.RUN_ID_VARIABLE: run_id})  # skip reasons are in the report
-    runs = report_dir / report.RUNS_DIR
-    mine = sorted(runs.glob(f"*-{run_id}.json")) + sorted(runs.glob(f"*-{run_id}-*.json"))
+    mine = report.own_record(report_dir, run_id)
     if interrupted:
-        kept = f"its record so far: {mine[-1]}" if mine else "it recorded nothing"
+        kept = f"its record so far: {mine}" if mine else "it recorded nothing"
         print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
         return 128 + signal.SIGINT
     if mine:
-        print("\n".join(["", *report.summary_table(report.load(mine[-1])), "", f"Run record: {mine[-1]}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
+        print("\n".join(["", *report.summary_table(report.load(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 
@@ -102,6 +101,10 @@ def _run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
                 continue
             except _Interrupt:
                 interrupts += 1
+            except BaseException:  # SIGTERM raised by the caller's handler, an error: the child does not outlive this wait
+                child.kill()
+                child.wait()
+                raise
     finally:
         signal.signal(signal.SIGINT, previous)
 
