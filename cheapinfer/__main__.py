@@ -1,6 +1,7 @@
 """Command line: ``python -m cheapinfer <command>``.
 
-verify   run every claim of the chapter on this machine and write the errata report (the main job)
+verify   run every claim of the chapter on this machine and write the errata report (the main job);
+         --isa-matrix: the kernel-dependent claims under each CPU kernel family; --stress N: the clocked claims beside N busy processes
 fetch    download and check the pinned artifacts (stand-in model, corpus) into the cache
 budget   what fits: weights + KV cache for a model, precision and memory size
 compare  two run records: the claims whose verdict or value moved (non-zero exit on a regression)
@@ -23,6 +24,19 @@ from .cli import Parser, nonempty, timing_threads
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _stress_count(text: str) -> int:
+    """``--stress N``: how many busy processes, an integer from 1 to 64 (argparse type)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of busy processes, not {text!r}") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 64 busy processes, not {n}")
+    return n
+
+
 def _verify(argv: list[str]) -> int:
     p = Parser(prog="cheapinfer verify", description="Verify the chapter's claims on this machine; write reports/errata.md and reports/run.json.")
     p.add_argument("--book-model", metavar="PATH", type=nonempty, help="local copy of Qwen2.5-0.5B-Instruct (default: Hugging Face cache, offline)")
@@ -30,40 +44,114 @@ def _verify(argv: list[str]) -> int:
     p.add_argument("--fast", action="store_true", help="skip the claims marked slow")
     p.add_argument("--report-dir", metavar="DIR", type=lambda text: Path(nonempty(text)), default=ROOT / "reports",
                    help="where run.json and errata.md are written (default: reports/ of the checkout)")
+    p.add_argument("--claims", metavar="ID,ID", type=nonempty, help="run only the tests of these claims")
+    checks = p.add_argument_group("the suite's checks of its own verdicts (cheapinfer.matrix)")
+    checks.add_argument("--isa-matrix", action="store_true",
+                        help="run the kernel-dependent claims under each CPU kernel family, one pytest run each (reports/isa/); exit 1 when a claim "
+                             "is green in one family and deviates in another")
+    from .matrix import FAMILIES
+
+    checks.add_argument("--families", metavar="NAME,NAME", type=nonempty,
+                        help=f"with --isa-matrix: these kernel families only (default: all of {', '.join(FAMILIES)})")
+    checks.add_argument("--stress", metavar="N", type=_stress_count, nargs="?", const=2,
+                        help="run the clocked claims quietly, then beside N busy processes (default 2) (reports/stress/); exit 1 when a claim "
+                             "green quietly deviates under stress")
+    checks.add_argument("--quiet-record", metavar="PATH", type=lambda text: Path(nonempty(text)),
+                        help="with --stress: take the quiet run's verdicts from this run record (run.json or its directory) instead of running it")
     args, rest = p.parse_known_args(argv)
     if not (ROOT / "claims").is_dir():
         p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
+    if args.isa_matrix and args.stress is not None:
+        p.error("--isa-matrix and --stress are two checks: run one at a time")
+    if args.families is not None and not args.isa_matrix:
+        p.error("--families goes with --isa-matrix")
+    if args.quiet_record is not None and args.stress is None:
+        p.error("--quiet-record goes with --stress")
+    if args.isa_matrix and args.device not in ("auto", "cpu"):
+        p.error(f"--isa-matrix caps the CPU's kernels: it runs on the CPU, not --device {args.device}")
     from . import report
     from .device import DeviceUnavailable, pick
 
     try:
-        device = pick(args.device)
+        device = pick("cpu" if args.isa_matrix else args.device)
     except DeviceUnavailable as exc:
         print(f"cheapinfer verify: {exc}", file=sys.stderr)
         return 2
     report_dir = args.report_dir.expanduser().absolute()
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", args.device, "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
-    if device.type == "cuda" and not any(a.startswith("--twin-dtype") for a in rest):
-        cmd += ["--twin-dtype", "fp16"]  # the book's twin on its GPU
-    if args.book_model:
-        cmd += ["--book-model", args.book_model]
-    if args.fast:
-        cmd += ["-m", "not slow"]
+
+    def command(report_dir: Path, claims: list[str] | None) -> list[str]:
+        """The claims' pytest, as every run of verify starts it."""
+        cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", str(device) if args.isa_matrix else args.device,
+               "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
+        if device.type == "cuda" and not any(a.startswith("--twin-dtype") for a in rest):
+            cmd += ["--twin-dtype", "fp16"]  # the book's twin on its GPU
+        if args.book_model:
+            cmd += ["--book-model", args.book_model]
+        if args.fast:
+            cmd += ["-m", "not slow"]
+        if claims:
+            cmd += ["--claims", ",".join(claims)]
+        return cmd + ["-r", "fE"] + rest  # skip reasons are in the report
+
+    if args.isa_matrix or args.stress is not None:
+        return _check_verdicts(p, args, report_dir, command)
     # This run's record is runs/<stamp>-<run id>.json: an id, not a pid, which another run (in another PID
     # namespace, or later) can have too. After a usage error there is no record, and no summary is shown.
     run_id = report.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
-    code, interrupted = _run_interruptibly(cmd + ["-r", "fE"] + rest, {**os.environ, report.RUN_ID_VARIABLE: run_id})  # skip reasons are in the report
-    runs = report_dir / report.RUNS_DIR
-    mine = sorted(runs.glob(f"*-{run_id}.json")) + sorted(runs.glob(f"*-{run_id}-*.json"))
+    claims = [args.claims] if args.claims else None
+    code, interrupted = _run_interruptibly(command(report_dir, claims), {**os.environ, report.RUN_ID_VARIABLE: run_id})
+    mine = report.own_record(report_dir, run_id)
     if interrupted:
-        kept = f"its record so far: {mine[-1]}" if mine else "it recorded nothing"
+        kept = f"its record so far: {mine}" if mine else "it recorded nothing"
         print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
         return 128 + signal.SIGINT
     if mine:
-        print("\n".join(["", *report.summary_table(report.load(mine[-1])), "", f"Run record: {mine[-1]}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
+        print("\n".join(["", *report.summary_table(report.load(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
+
+
+def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
+    """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.matrix`."""
+    from . import matrix, report
+    from .compare import RecordError, check_record
+
+    if args.isa_matrix:
+        try:
+            claims = matrix.select(args.claims, matrix.isa_claims(), "kernel-dependent (measured on a model, or clocked)")
+        except ValueError as exc:
+            p.error(f"--claims: {exc}")
+        names = [n.strip() for n in (args.families or ",".join(matrix.FAMILIES)).split(",") if n.strip()]
+        unknown = [n for n in names if n not in matrix.FAMILIES]
+        if unknown or not names:
+            p.error(f"--families: no such kernel family: {', '.join(unknown) or '(none given)'} (families: {', '.join(matrix.FAMILIES)})")
+        out = report_dir / "isa"
+    else:
+        try:
+            claims = matrix.select(args.claims, matrix.stress_claims(), "clocked (its test reads no clock, so load cannot move it)")
+        except ValueError as exc:
+            p.error(f"--claims: {exc}")
+        out = report_dir / "stress"
+    try:
+        report.writable_dir(out)
+    except ValueError as exc:
+        p.error(f"--report-dir: cannot write {out}: {exc}")
+    if args.isa_matrix:
+        return matrix.isa_main(claims, [n for n in matrix.FAMILIES if n in names], out, command, _run_interruptibly)
+    quiet = None
+    if args.quiet_record is not None:
+        try:
+            quiet = report.load(args.quiet_record)
+            check_record(quiet)
+        except RecordError as exc:
+            p.error(f"--quiet-record {args.quiet_record}: not a well-formed run record of this suite: {exc}")
+        except (OSError, ValueError) as exc:
+            p.error(f"--quiet-record {args.quiet_record}: no readable run record ({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})")
+        lacking = [cid for cid in claims if not any(r.get("profile") != "-" for r in quiet["claims"].get(cid, {}).get("results", []))]
+        if lacking:
+            p.error(f"--quiet-record {args.quiet_record}: no result for {', '.join(lacking)} (run without --quiet-record, or restrict --claims)")
+    return matrix.stress_main(claims, args.stress, out, command, _run_interruptibly, quiet, str(args.quiet_record) if quiet else None)
 
 
 class _Interrupt(Exception):
@@ -102,6 +190,10 @@ def _run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
                 continue
             except _Interrupt:
                 interrupts += 1
+            except BaseException:  # SIGTERM raised by the caller's handler, an error: the child does not outlive this wait
+                child.kill()
+                child.wait()
+                raise
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -18,6 +18,10 @@ from .accel import describe, sync  # noqa: F401  (sync: the suite's one way to w
 
 #: Profiles whose measurement runs a model on the run's device (``arithmetic`` runs none).
 MODEL_PROFILES = ("twin", "stand-in", "book")
+#: Environment variables that cap the CPU kernels a process may use: oneDNN's (bf16 and int8 matmuls, the
+#: serving dtype's check), ATen's vectorised kernels (attention, reductions, the low-bit packs) and MKL's
+#: (fp32 GEMM). Each run records the ones set (``cpu_isa_caps``) and ATen's capability (``cpu_capability``).
+ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 T = TypeVar("T")
@@ -125,7 +129,11 @@ def cpu_kernels() -> dict[str, str]:
     oneDNN's instruction-set cap (``ONEDNN_MAX_CPU_ISA``; unset: the best the CPU has). The serving dtype of the
     batch claims follows it (:func:`cheapinfer.models.serving_dtype`)."""
     capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
-    return {"cpu_capability": str(capability), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default")}
+    return {
+        "cpu_capability": str(capability),  # ATen's kernel family in this process
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+        "cpu_isa_caps": ", ".join(f"{v}={os.environ[v]}" for v in ISA_VARIABLES if os.environ.get(v)) or "none",
+    }
 
 
 #: The libraries whose versions a run records (and an erratum may be limited to).

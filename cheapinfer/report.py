@@ -216,6 +216,13 @@ def keep(record: dict[str, Any], outdir: Path, benchmarks: Path | None = None) -
     return path
 
 
+def own_record(outdir: Path, run_id: str) -> Path | None:
+    """The record the run ``run_id`` kept in ``outdir`` (:func:`keep`; the last, if it was kept twice), or None."""
+    runs = Path(outdir) / RUNS_DIR
+    mine = [p for p in sorted(runs.glob(f"*-{run_id}.json")) + sorted(runs.glob(f"*-{run_id}-*.json")) if not p.name.endswith(BENCHMARKS_SUFFIX)]
+    return mine[-1] if mine else None
+
+
 def write(record: dict[str, Any], outdir: Path) -> tuple[Path, Path]:
     """The latest record and errata report (``run.json``, ``errata.md``), replaced together: both are written in
     full before either is renamed into place, so a failure (a full disk) leaves the previous pair as it was."""
