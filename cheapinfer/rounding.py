@@ -279,7 +279,8 @@ class _Sites:
 
 def float64_copy(model):
     """A float64 copy of ``model`` (its weights as the lower-precision model holds them, exactly), for reference forwards."""
-    return copy.deepcopy(model).to(F64).eval().requires_grad_(False)
+    with torch.inference_mode(False):  # ordinary tensors, so that a bound can differentiate through them
+        return copy.deepcopy(model).to(F64).eval().requires_grad_(False)
 
 
 def first_order_bound(model64, ids: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], precision: Precision) -> Bound:
@@ -292,7 +293,7 @@ def first_order_bound(model64, ids: torch.Tensor, f: Callable[[torch.Tensor], to
     """
     sites = _Sites(model64, precision)
     try:
-        with torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad():
             logits = model64(input_ids=ids.to(next(model64.parameters()).device), use_cache=False).logits
             value = f(logits)
             grads = torch.autograd.grad(value, sites.deltas, allow_unused=True)
@@ -341,6 +342,8 @@ class GreedyComparison:
     def describe(self) -> str:
         if self.equal:
             return "equal"
+        if self.tokens is None:
+            return f"DIFFER: one continuation ends at token {self.position}, the other goes on"
         kind = "near-tie" if self.near_tie else "DIFFER"
         return (f"{kind} at token {self.position}: {self.tokens[0]} vs {self.tokens[1]}, float64 logit gap {self.gap:.3g}, "
                 f"first-order rounding bound {self.bound:.3g}")
@@ -359,11 +362,11 @@ class GreedyJudge:
 
     def __call__(self, prompt: Sequence[int] | torch.Tensor, reference: Sequence[int] | torch.Tensor, other: Sequence[int] | torch.Tensor) -> GreedyComparison:
         ref, oth = _tokens(reference), _tokens(other)
-        if len(ref) != len(oth):
-            raise ValueError(f"continuations of {len(ref)} and {len(oth)} tokens")
         t = next((i for i, (a, b) in enumerate(zip(ref, oth)) if a != b), None)
         if t is None:
-            return GreedyComparison(True)
+            if len(ref) == len(oth):
+                return GreedyComparison(True)
+            return GreedyComparison(False, min(len(ref), len(oth)))  # one stopped where the other went on: no gap to weigh
         if self._model64 is None:
             self._model64 = float64_copy(self.model)
         p = self.precision or Precision.of(next(self.model.parameters()).dtype)

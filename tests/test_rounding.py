@@ -83,6 +83,8 @@ def test_compare_greedy_allows_a_flip_only_at_a_near_tie():
         z = model(input_ids=torch.tensor([prompt + [7, 7]]), use_cache=False).logits[0]
     want = [7, 7, int(z[-1].argmax())]  # a continuation; only its last token is the model's own choice
     assert rounding.compare_greedy(model, prompt, want, want).agree
+    with torch.inference_mode():  # a caller's inference mode does not keep the bound from differentiating
+        assert not rounding.compare_greedy(model, prompt, want, want[:2] + [int(z[-1].topk(2).indices[1])]).agree
     runner_up = int(z[-1].topk(2).indices[1])
     other = want[:2] + [runner_up]
     far = rounding.compare_greedy(model, prompt, want, other)
