@@ -117,8 +117,8 @@ class Bound:
 
 
 class _Sites:
-    """Forward hooks on a float64 Llama/Qwen2-style decoder that add, after every operation, a zero
-    ``delta`` (its gradient is df/dy there) and record the operation's rounding: ``b``, the
+    """Forward hooks on a float64 Llama/Qwen2-style decoder that hook, after every operation, its
+    output's gradient (df/dy there) and weigh with it the operation's rounding: ``b``, the
     a-priori bound of its error, and ``v``, the sum of the squared bounds of the single roundings
     that make it up (the variance proxy of ``Bound.probable``). u: stored activations, a: sums;
     all with the exact inputs of the float64 forward.
@@ -152,15 +152,14 @@ class _Sites:
 
     def __init__(self, model, p: Precision):
         self.p = p
-        self.deltas: list[torch.Tensor] = []
-        self.worst: list[torch.Tensor] = []
-        self.var: list[torch.Tensor] = []
-        self.kinds: list[str] = []
+        self.worst_sum, self.parts = 0.0, {}  # filled during the backward pass, site by site
+        self.leaf: torch.Tensor | None = None
         self.handles: list = []
         self._h: dict[int, torch.Tensor] = {}  # decoder layer -> its input (residual stream)
         self._mid: dict[int, torch.Tensor] = {}  # decoder layer -> the residual after attention
         self._qkv: dict[int, dict[str, torch.Tensor]] = {}
         self.config = model.config
+        self.handles.append(model.get_input_embeddings().register_forward_hook(self._leaf))
         for i, layer in enumerate(model.model.layers):
             attn = layer.self_attn
             self.handles.append(layer.register_forward_pre_hook(self._keep_input(self._h, i), with_kwargs=True))
@@ -183,13 +182,23 @@ class _Sites:
         for h in self.handles:
             h.remove()
 
+    def _leaf(self, module, args, out):
+        """The embedding's output as the graph's leaf: every later tensor gets a gradient, no weight does."""
+        self.leaf = out.detach().requires_grad_(True)
+        return self.leaf
+
     def _site(self, y: torch.Tensor, worst: torch.Tensor, var: torch.Tensor, kind: str) -> torch.Tensor:
-        delta = torch.zeros_like(y, requires_grad=True)
-        self.deltas.append(delta)
-        self.worst.append(worst.detach())
-        self.var.append(var.detach())
-        self.kinds.append(kind)
-        return y + delta
+        """Weigh ``y``'s rounding bounds by df/dy when the backward pass reaches it (kept in fp32, in units of a)."""
+        a = self.p.acc
+        w32, v32 = (worst.detach() / a).float(), (var.detach() / a**2).float()
+
+        def weigh(g: torch.Tensor) -> None:
+            g = g.double()
+            self.worst_sum += a * float((g.abs() * w32).sum())
+            self.parts[kind] = self.parts.get(kind, 0.0) + a**2 * float((g**2 * v32).sum())
+
+        y.register_hook(weigh)
+        return y
 
     @staticmethod
     def _keep_input(store, i):
@@ -286,7 +295,8 @@ def float64_copy(model):
 def first_order_bound(model64, ids: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], precision: Precision) -> Bound:
     """First-order bounds of ``|f(logits of any evaluation in precision) - f(exact)|`` over ``ids`` [B, T].
 
-    One float64 forward (no cache) and one backward: ``sum over operations <|df/dy|, b>`` (worst)
+    One float64 forward (no cache) and one backward, whose gradient hooks sum, site by site and
+    without keeping the gradients: ``sum over operations <|df/dy|, b>`` (worst)
     and ``LAMBDA sqrt(sum <(df/dy)^2, v>)`` (probable), with each operation's b and v from
     :class:`_Sites`. ``model64`` is the model in float64 (:func:`float64_copy`); its own rounding
     (2^-53) is neglected, and so are second-order terms (products of two roundings).
@@ -296,16 +306,12 @@ def first_order_bound(model64, ids: torch.Tensor, f: Callable[[torch.Tensor], to
         with torch.inference_mode(False), torch.enable_grad():
             logits = model64(input_ids=ids.to(next(model64.parameters()).device), use_cache=False).logits
             value = f(logits)
-            grads = torch.autograd.grad(value, sites.deltas, allow_unused=True)
+            del logits
+            torch.autograd.grad(value, [sites.leaf])  # the sites' hooks weigh their bounds as it passes
     finally:
         sites.close()
-    worst, parts = 0.0, {}
-    for g, b, v, kind in zip(grads, sites.worst, sites.var, sites.kinds):
-        if g is not None:
-            worst += float((g.abs() * b).sum())
-            parts[kind] = parts.get(kind, 0.0) + float((g**2 * v).sum())
-    probable = LAMBDA * math.sqrt(sum(parts.values()))
-    return Bound(float(value.detach()), worst, probable, {k: LAMBDA * math.sqrt(s) for k, s in parts.items()})
+    probable = LAMBDA * math.sqrt(sum(sites.parts.values()))
+    return Bound(float(value.detach()), sites.worst_sum, probable, {k: LAMBDA * math.sqrt(s) for k, s in sites.parts.items()})
 
 
 # ------------------------------------------------------------------------------------------------
