@@ -102,6 +102,7 @@ class _EveryProjection:
         return hook
 
 
+@pytest.mark.slow  # the kernel's fp32 path is a scalar loop, and the bound a float64 forward and backward: about 100 s on 2 cores
 def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stand_in, corpus_text, quantized_variant, record_property):
     """The stand-in's projections as int8-row codes through torch's int8 kernel compute the suite's fake-quantized int8-row.
 
