@@ -144,10 +144,13 @@ def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stan
         f"fp32 perplexity {math.exp(nll_real):.5f} with the int8 kernel, {math.exp(nll_fake):.5f} fake-quantized: "
         f"|ln ratio| {abs(nll_real - nll_fake):.3g} > 2 x its first-order rounding bound {bound.probable:.3g}")
 
+    assert next(stand_in.model.parameters()).dtype == torch.float32  # the session's stand-in is untouched
+    if stand_in.device.type == "cpu" and torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        record_property("bf16", "not run: with ATEN_CPU_CAPABILITY=default torch's bf16 CPU attention raises (pack_vnni2 needs AVX-512)")
+        return
     real16 = lowbit.variant(stand_in.model, "int8", projections_only=True, act_dtype=torch.bfloat16)
     projections16 = _EveryProjection(real16, weights, torch.bfloat16)
     p_real16 = math.exp(_nll64(real16, ids, projections16.hooks))
     assert projections16.worst <= 1, f"bf16: a projection's error is {projections16.worst:.3g} x its a-priori bound"
     p_fake16 = math.exp(_nll64(copy.deepcopy(fake).to(torch.bfloat16), ids))  # a bf16 copy of the variant
     record_property("bf16 perplexity kernel / fake - 1", p_real16 / p_fake16 - 1)
-    assert next(stand_in.model.parameters()).dtype == torch.float32  # the session's stand-in is untouched
