@@ -1124,7 +1124,8 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
     Every request has ``prompt_tokens`` seeded random prompt tokens. The pool holds the memory
     max-context reservation would hold for ``slots`` slots (``prompt_tokens + max_new_tokens``
     each), so the run only fits if finished requests' blocks are freed and reused. Requests
-    ``compare`` are run alone as well: their tokens must be the same.
+    ``compare`` are run alone as well: their tokens must be the same, up to a near-tie of the
+    two paths' rounding (:func:`cheapinfer.rounding.compare_greedy`).
     """
     if max(lengths) > max_new_tokens:
         raise ValueError(f"a request of {max(lengths)} tokens does not fit a max-context reservation of {max_new_tokens} new tokens")
@@ -1136,6 +1137,10 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
     run, evidence = traced(model, lambda: run_paged(model, lengths, slots, prompts, slots * math.ceil(reserved / block_size), block_size))
     snaps = run.batch.snapshots
     from .paging import run_waste
+    from .rounding import GreedyJudge
+
+    judge = GreedyJudge(model)
+    alone = {r: judge(prompts[r], tokens_alone(model, prompts[r], lengths[r]), run.batch.generated[r]) for r in compare}
 
     return {
         "waste": run_waste(snaps, reserved, block_size),
@@ -1146,7 +1151,8 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
         "blocks_in_use_after": run.pool.blocks_in_use,
         "peak_blocks_in_use": max(s["blocks_in_use"] for s in snaps),
         "tables_consistent": all(s["consistent"] for s in snaps),
-        "tokens_equal_alone": all(run.batch.generated[r] == tokens_alone(model, prompts[r], lengths[r]) for r in compare),
+        "tokens_equal_alone": all(c.agree for c in alone.values()),
+        "alone": alone,
         "compared": list(compare),
         "evidence": evidence,
     }
@@ -1158,16 +1164,22 @@ def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
     All requests are admitted at once (one slot each). With sharing, a request forks the full
     blocks of the prompt it shares with an earlier one (reference-counted) and prefills only the
     rest. Blocks are counted after the first step of both runs; every request's tokens are
-    compared with the same request run alone.
+    compared with the same request run alone, up to a near-tie of the two paths' rounding
+    (:func:`cheapinfer.rounding.compare_greedy`).
     """
+    from .rounding import GreedyJudge
+
     prompts = [list(prefix) + list(s) for s in suffixes]
     lengths = [new_tokens] * len(prompts)
     size = sum(math.ceil((len(p) + new_tokens) / block_size) for p in prompts)
     from .evidence import combine, traced
+    from .rounding import GreedyJudge
 
     shared, used_shared = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=True))
     own, used_own = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=False))
-    alone = [tokens_alone(model, p, new_tokens) for p in prompts]
+    judge = GreedyJudge(model)
+    alone = [judge(p, tokens_alone(model, p, new_tokens), shared.batch.generated[i]) for i, p in enumerate(prompts)]
+    unshared = [judge(p, own.batch.generated[i], shared.batch.generated[i]) for i, p in enumerate(prompts)]
     with_, without = shared.batch.snapshots[0], own.batch.snapshots[0]
     return {
         "blocks_with": with_["blocks_in_use"],
@@ -1176,8 +1188,9 @@ def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
         "shared_blocks": with_["shared_blocks"],
         "shared_prefix_tokens": len(prefix),
         "tables_consistent": all(s["consistent"] for s in shared.batch.snapshots + own.batch.snapshots),
-        "tokens_equal_alone": all(shared.batch.generated[i] == alone[i] for i in range(len(prompts))),
-        "tokens_equal_unshared": all(shared.batch.generated[i] == own.batch.generated[i] for i in range(len(prompts))),
+        "tokens_equal_alone": all(c.agree for c in alone),
+        "tokens_equal_unshared": all(c.agree for c in unshared),
+        "alone": dict(enumerate(alone)),
         "blocks_in_use_after": shared.pool.blocks_in_use,
         "evidence": combine(used_shared, used_own),
     }

@@ -10,7 +10,12 @@
   the suite's ``int8-row`` row, which quantizes the weights only.
 
 Embeddings, the LM head and the norms stay as they are in both. On a GPU these run bitsandbytes'
-CUDA kernels; on a CPU, its CPU fallback (slow, but the same arithmetic).
+CUDA kernels; on a CPU, its CPU fallback (slow). Not always the same arithmetic: on a CPU with
+AVX-512 BF16, an NF4 layer in eval mode (as :func:`bitsandbytes_copy` returns it) repacks itself
+for a bf16 kernel on its first forward, its absmax rounded to bf16 (2^-8 relative), while in
+training mode it dequantizes to the compute dtype as on CUDA; LLM.int8() on a CPU in training
+mode dequantizes the weight instead of coding the activations. ``tests/test_gpu.py`` states which
+mode each check runs in; its tolerances are derived from the arithmetic of that path.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from cheapinfer import distill, registry
+from cheapinfer import distill, registry, rounding
 from fixtures.plugin import on_profiles
 
 # The book's printed top five, from the registry: ' jug' 0.1355, ' cup' 0.1051, ...
@@ -51,6 +51,7 @@ def test_temperature_two_takes_the_square_root(claim, profile):
         ratio_t2=r2,
         sqrt_of_ratio_t1=math.sqrt(r1),
         sqrt_identity_err=distill.root_identity_error(logits, book["t2"]),
+        sqrt_identity_err_over_bound=distill.root_identity_error(logits, book["t2"]) / max(_root_bounds(logits, book["t2"], 20)),
         order_unchanged=distill.order_unchanged(logits, book["t2"]),
     )
 
@@ -61,5 +62,31 @@ def test_temperature_takes_a_root_of_every_ratio(logits, t):
     z = torch.tensor(logits, dtype=torch.float32)
     p1, pt = distill.distribution(z), distill.distribution(z, t)
     i, j = int(torch.argmax(z)), int(torch.argmin(z))
-    assert float(pt[i] / pt[j]) == pytest.approx(float(p1[i] / p1[j]) ** (1 / t), rel=1e-9)
+    got, want = float(pt[i] / pt[j]), float(p1[i] / p1[j]) ** (1 / t)
+    assert abs(got / want - 1) <= _root_bound(z, t, i, j)
     assert distill.order_unchanged(z, t)
+
+
+def _root_bound(logits: torch.Tensor, t: float, i: int, j: int) -> float:
+    """Relative bound of |(p_T(i) / p_T(j)) / (p_1(i) / p_1(j))^(1/T) - 1| in float64 (logits exact in float64).
+
+    softmax(z / T) divides (u |z / T|), subtracts the max (u |a|, a = z / T - max), exponentiates
+    (2u: 1 ulp) and divides by the sum; in the ratio of two probabilities the sum cancels, leaving
+    u (|z_i / T| + |z_j / T| + |a_i| + |a_j|) + 4u + 2u for the two divisions and 1u for the ratio;
+    the root takes 1/T of the T = 1 ratio's error plus 2u (pow); the final quotient 1u.
+    """
+    u = rounding.unit_roundoff(torch.float64)
+    z = logits.double()
+
+    def ratio_err(temp):
+        x = z / temp
+        a = x - x.max()
+        return u * (x[i].abs() + x[j].abs() + a[i].abs() + a[j].abs() + 7)
+
+    return float(ratio_err(t) + ratio_err(1.0) / t + 3 * u)
+
+
+def _root_bounds(logits: torch.Tensor, t: float, k: int) -> list[float]:
+    """:func:`_root_bound` of the top token against each of ranks 2..k (the pairs ``distill.root_identity_error`` reads)."""
+    order = torch.argsort(logits.double(), descending=True)[:k].tolist()
+    return [_root_bound(logits, t, order[0], j) for j in order[1:]]

@@ -4,9 +4,12 @@ The table (perplexity on 2,048 held-out tokens, a 16-question battery, agreement
 is built once per profile by the ``evaluation_table`` fixture; each claim below reads its rows.
 """
 
-import pytest
+import math
 
-from cheapinfer import evaluation, registry
+import pytest
+import torch
+
+from cheapinfer import evaluation, registry, rounding
 from fixtures.plugin import on_profiles
 
 INT4 = ("int4-tensor", "int4-row", "int4-g128", "nf4")
@@ -37,9 +40,12 @@ def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evalu
     )
     ref = table["reference"]
     library = evaluation.library_perplexity(profile.model, table.corpus_ids)
+    bound = _ln_ppl_bound(profile.model, table.corpus_ids)
+    claim.note(f"perplexity against transformers' own loss: |ln ratio| {abs(math.log(ref.ppl / library)):.3g}, its first-order rounding bound {bound:.3g}")
     claim.verify(
         profile.name,
         ppl_vs_library=abs(ref.ppl / library - 1),
+        ppl_vs_library_over_bound=abs(math.log(ref.ppl / library)) / bound,
         ppl_ref=ref.ppl,
         ppl_ref_library=library,
         schemes=len(table.rows),
@@ -175,11 +181,59 @@ def test_agreement_orders_schemes_like_perplexity(claim, profile, evaluation_tab
     """EVAL-AGREEMENT: "144 independent observations instead of 16, no ground truth needed, and it degrades smoothly"."""
     table = evaluation_table(profile)
     schemes = list(table.schemes)
+    judged = _self_disagreements(profile.model, table.continuations)
+    claim.note("The reference teacher-forced on its own greedy tokens chose every one again." if not judged else
+               "Where the reference teacher-forced on its own greedy tokens chose another: " + "; ".join(judged))
     claim.verify(
         profile.name,
+        self_disagreements_beyond_rounding=sum("DIFFER" in j for j in judged),
         reference_self_agreement=table["reference"].agreement,
         discordant_pairs=evaluation.discordant_pairs(table, schemes, min_ppl_gap=0.05),
         kendall_tau=evaluation.kendall_tau(table, schemes),
         agreement={s: table[s].agree for s in schemes},
         positions=table["reference"].positions,
     )
+
+
+def _ln_ppl_bound(model, ids: torch.Tensor) -> float:
+    """How far two fp32 evaluations of the windows' mean log-likelihood may differ: 2 (B + L).
+
+    B: the first-order probable bound of the model's rounding (:func:`cheapinfer.rounding.first_order_bound`,
+    fp32) for the mean over the windows' predictions, computed in float64. L: each path's loss in
+    fp32, per token a log-sum-exp over V logits (max-subtraction, exp, V - 1 sums, log, the target's
+    difference: V + 4 roundings of at most u of the token's NLL scale, 1 + |NLL|) and the mean's
+    N - 1 sums, independent across tokens: LAMBDA u sqrt((V + 4) / N + N / N^2) (1 + mean NLL).
+    """
+    windows = ids[:-1].reshape(evaluation.WINDOWS, evaluation.WINDOW)  # [W, L]: the suite's inputs
+    targets = ids[1:].reshape(evaluation.WINDOWS, evaluation.WINDOW)
+    model64, fp32 = rounding.float64_copy(model), rounding.Precision.of(torch.float32)
+    # one window at a time (memory): the mean over W windows is their mean, and the windows' roundings are
+    # disjoint independent sets, so the squares add: B = sqrt(sum_w B_w^2) / W
+    per_window = [rounding.first_order_bound(model64, windows[w : w + 1], lambda z, w=w: torch.nn.functional.cross_entropy(z[0], targets[w].to(z.device)), fp32)
+                  for w in range(len(windows))]
+    b = math.sqrt(sum(x.probable**2 for x in per_window)) / len(windows)
+    nll = sum(x.value for x in per_window) / len(windows)
+    n, v, u = targets.numel(), model.config.vocab_size, rounding.unit_roundoff(torch.float32)
+    loss = rounding.LAMBDA * u * math.sqrt((v + 4) / n + 1 / n) * (1 + nll)
+    return 2 * (b + loss)
+
+
+def _self_disagreements(model, continuations) -> list[str]:
+    """The reference's own guesses, teacher-forced on its greedy tokens (the agreement column's pass and alignment),
+    where they differ from those tokens, each judged against the first-order bound of its rounding
+    (:func:`cheapinfer.rounding.compare_greedy`); judging stops at the first that is not a near-tie."""
+    rows = [c.prompt + c.tokens for c in continuations]
+    ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)  # right padding, as the agreement pass
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+    with torch.inference_mode():
+        pred = model(input_ids=ids.to(next(model.parameters()).device), use_cache=False).logits.argmax(-1).cpu()  # [B, L]
+    judge, judged = rounding.GreedyJudge(model), []
+    for i, c in enumerate(continuations):
+        guesses = evaluation.aligned_guesses(pred[i], c).tolist()
+        for t in (t for t, (g, want) in enumerate(zip(guesses, c.tokens)) if g != want):
+            same = judge(c.prompt + c.tokens[:t], [c.tokens[t]], [guesses[t]])
+            judged.append(f"prompt {i}, token {t}: {same.describe().replace(' at token 0', '')}")
+            if not same.agree:
+                return judged
+    return judged

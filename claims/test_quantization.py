@@ -6,7 +6,7 @@ import torch
 from hypothesis import example, given, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cheapinfer import evidence, lowbit, quant, timing
+from cheapinfer import evidence, lowbit, quant, rounding, timing
 from cheapinfer.arch import QWEN25_05B
 from fixtures.plugin import on_profiles
 
@@ -293,41 +293,76 @@ def test_nf4_costs_4_25_bits_and_lowers_the_error_28_percent(claim, profile, err
 # ----------------------------------------------------------------------------------------------
 
 
+U32, U16 = rounding.unit_roundoff(torch.float32), rounding.unit_roundoff(torch.float16)  # 2^-24, 2^-11
+
+
 def test_nf4_codebook_equals_bitsandbytes_and_the_normal_quantiles():
+    """The codebook is bitsandbytes' NF4 table bit for bit, and QLoRA's normal-quantile construction within its fp32 roundings.
+
+    Both tables are the same published fp32 values: equal bitwise. The construction (bitsandbytes'
+    ``create_normal_map``) stores each float64 quantile in fp32 and divides by the largest in fp32:
+    each level is within 3 roundings of the float64 rebuild, 3 x 2^-24 of |level|.
+    """
     import bitsandbytes.functional as bnbf
 
     ours = quant.nf4_codebook()
-    torch.testing.assert_close(ours, bnbf.get_4bit_type("nf4", device="cpu").float(), rtol=0, atol=1e-7)
-    # QLoRA's construction from normal quantiles, rebuilt with scipy (float64 -> fp32 rounding)
-    torch.testing.assert_close(ours, torch.tensor(quant.nf4_from_quantiles(), dtype=torch.float32), rtol=0, atol=1e-6)
+    assert torch.equal(ours, bnbf.get_4bit_type("nf4", device="cpu").float())
+    rebuilt = torch.tensor(quant.nf4_from_quantiles(), dtype=torch.float64)
+    assert bool(((ours.double() - rebuilt).abs() <= 3 * U32 * rebuilt.abs()).all())
+
+
+def _nf4_codes_differ_only_at_thresholds(a: torch.Tensor, b: torch.Tensor, x: torch.Tensor, slack: torch.Tensor) -> None:
+    """Two NF4 codings of the same blocks: equal but where the normalised value ``x`` lies within ``slack`` of a decision threshold, and there one level apart."""
+    book = quant.nf4_codebook()
+    mids = (book[1:] + book[:-1]) / 2
+    differ = a != b
+    assert int((a.long() - b.long()).abs().max()) <= 1, "codes differ by more than one level"
+    near = (x.double()[..., None] - mids.double()).abs().min(-1).values <= slack
+    assert bool(near[differ].all()), "codes differ away from a decision threshold"
 
 
 @pytest.mark.parametrize("shape", [(256, 512), (64, 4864)], ids=lambda s: f"shape={s[0]}x{s[1]}")
 def test_nf4_blockwise_equals_bitsandbytes(shape):
-    """Own NF4 (block 64, fp32 scales as bitsandbytes stores them) equals bitsandbytes' quantize_4bit -> dequantize_4bit."""
+    """Own NF4 (block 64, fp32 scales as bitsandbytes stores them) equals bitsandbytes' quantize_4bit -> dequantize_4bit.
+
+    Both take the same fp32 absmax and thresholds ((level + next) / 2 in fp32); the suite divides
+    by the absmax (1 rounding), bitsandbytes multiplies by its reciprocal (2): the normalised values
+    differ by at most 3 x 2^-24 (|x| <= 1), so a code can differ only that close to a threshold,
+    by one level; every other weight dequantizes to the same fp32 product of level and absmax,
+    bitwise. With the absmax stored in fp16 instead (relative change <= 2^-11 / (1 - 2^-11)), codes move
+    only that much of |x|, plus 3 x 2^-24, from a threshold.
+    """
     import bitsandbytes.functional as bnbf
 
     w = torch.randn(shape) * torch.exp(torch.randn(shape[0], 1))  # rows of different magnitude
     w[0, 3] = 40.0  # one heavy outlier
     packed, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4")
     theirs = bnbf.dequantize_4bit(packed, state, quant_type="nf4")
-    ours = quant.fake_quantize(w, "nf4-g64", scale_dtype=torch.float32)
-    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
-    # the stored form keeps bitsandbytes' absmax rounded to fp16; codes move only next to a decision threshold
+    fp32 = quant.quantize(w, "nf4", scale_dtype=torch.float32)
+    ours = fp32.dequantize()
+    x = w / fp32.element_scales()  # normalised, [-1, 1]
+    book = quant.nf4_codebook()
+    their_codes = (theirs / fp32.element_scales()).reshape(-1, 1).sub(book).abs().argmin(-1).reshape(shape) - 8  # exact: level x absmax / absmax
+    _nf4_codes_differ_only_at_thresholds(fp32.unpacked_codes()[:, : shape[1]], their_codes, x, 3 * U32 * torch.ones(()))
+    same = fp32.unpacked_codes()[:, : shape[1]] == their_codes
+    assert torch.equal(ours[same], theirs[same])
+    # the stored form keeps bitsandbytes' absmax rounded to fp16 (the same rounding of the same number)
     stored = quant.quantize(w, "nf4")
-    torch.testing.assert_close(stored.scales.flatten(), state.absmax.half().flatten(), rtol=0, atol=0)
-    fp32_codes = quant.quantize(w, "nf4", scale_dtype=torch.float32).unpacked_codes()
-    assert float((stored.unpacked_codes() != fp32_codes).float().mean()) < 0.01
+    assert torch.equal(stored.scales.flatten(), state.absmax.half().flatten())
+    _nf4_codes_differ_only_at_thresholds(stored.unpacked_codes(), fp32.unpacked_codes(), x, U16 / (1 - U16) * x.abs() + 3 * U32)
 
 
 @pytest.mark.parametrize("shape", [(64, 256), (8, 4864)], ids=lambda s: f"shape={s[0]}x{s[1]}")
 def test_int8_group_32_equals_gguf_q8_0(shape):
     """Own INT8 group-32, rounding halves away from zero as gguf does, equals gguf's Q8_0 quantize ->
-    dequantize within its fp16-scale rounding.
+    dequantize up to the rounding of the quotient.
 
-    Both store d = absmax/127 as fp16. gguf rounds w/d with the fp32 d, the suite with the stored
-    fp16 d; so codes agree except where w/d lies within the fp16 rounding of d of a half-integer,
-    and there they differ by one level.
+    Both store d = absmax/127 as fp16: the same rounding of the same fp32 number, equal bitwise.
+    gguf codes round(w x fl(1/d32)) with the fp32 d (2 roundings), the suite round(w / d16) with
+    the stored fp16 d (1 rounding). With q = w / d32 in float64 (|q| <= 127), the two quotients
+    lie within 127 |d16 - d32| / d16 + 3 x 127 x 2^-24 (1 + 2^-10) of q, so codes differ only where q is
+    that close to a half-integer, and there by one level. Every dequantized value is a code times
+    an fp16 scale, exact in fp32 (8 + 11 bits): the difference is a whole number of steps, exactly.
     """
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
@@ -339,14 +374,14 @@ def test_int8_group_32_equals_gguf_q8_0(shape):
     w = torch.from_numpy(w)
     d32 = (w.reshape(shape[0], -1, 32).abs().amax(-1) / 127).repeat_interleave(32, dim=1)  # [out, in] fp32 scale
     d16 = q.element_scales()
-    # scales: identical fp16 values
-    torch.testing.assert_close(d16, d32.half().float(), rtol=0, atol=0)
+    assert torch.equal(d16, d32.half().float())  # scales: identical fp16 values
     step = (ours - theirs).abs() / d16
     differ = step > 0
-    assert float(step.max()) <= 1.0 + 1e-6, "codes differ by more than one level"
-    near_half = ((w / d32).abs() - (w / d32).abs().floor() - 0.5).abs() <= 127 * (d16 - d32).abs() / d32 + 1e-6
+    assert bool((step <= 1).all()), "codes differ by more than one level"
+    exact = w.double() / d32.double()
+    slack = 127 * (d16.double() - d32.double()).abs() / d16.double() + 3 * 127 * U32 * (1 + 2 * U16)
+    near_half = ((exact.abs() - exact.abs().floor()) - 0.5).abs() <= slack
     assert bool(near_half[differ].all()), "codes differ away from a rounding tie"
-    assert float(differ.float().mean()) < 0.05
 
 
 def test_quantized_copy_replaces_only_the_projection_matrices(stand_in, quantized_stand_in):

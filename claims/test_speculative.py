@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, strategies as st
 from scipy import stats
 
-from cheapinfer import SEED, evaluation, evidence, registry, speculative as spec, timing
+from cheapinfer import SEED, evaluation, evidence, registry, rounding, speculative as spec, timing
 from cheapinfer.quant import SCHEMES
 from fixtures.evaluation import SPEC_GAMMA
 from fixtures.plugin import on_profiles
@@ -66,13 +66,18 @@ def test_greedy_speculation_yields_the_targets_tokens(claim, profile, reference_
     runs = speculative_runs(profile)
     used = evidence.combine(*(e for d in DRAFTS for r in runs[d] for e in r.evidence.values()))
     claim.note(f"every target and draft pass of the loop, traced: {evidence.describe(used)}")
-    same = {d: all(r.tokens == c.tokens for r, c in zip(runs[d], conts)) for d in DRAFTS}
+    judge = rounding.GreedyJudge(profile.model)  # equal tokens, or a difference at a near-tie of the two paths' rounding
+    compared = {d: [judge(c.prompt, c.tokens, r.tokens) for r, c in zip(runs[d], conts)] for d in DRAFTS}
+    same = {d: all(c.agree for c in cs) for d, cs in compared.items()}
     # transformers' own assisted generation, on the first prompt, with the best and a middling draft
     first = conts[0]
     assisted = {}
     for d in ("int8-row", "nf4"):
         draft = quantized_variant(profile, d)
-        assisted[d] = spec.assisted_generate(profile.model, draft, first.prompt, 24) == first.tokens[:24]
+        compared[f"assisted, {d}"] = [judge(first.prompt, first.tokens[:24], spec.assisted_generate(profile.model, draft, first.prompt, 24))]
+        assisted[d] = compared[f"assisted, {d}"][0].agree
+    near = [f"{d}, prompt {i}: {c.describe()}" for d, cs in compared.items() for i, c in enumerate(cs) if not c.equal]
+    claim.note("Every run gave the target's own tokens." if not near else "Where a run's tokens differ from the target's: " + "; ".join(near))
     claim.note(
         f"Speculative loop: draft proposes gamma = {SPEC_GAMMA} tokens greedily from its KV cache, the target verifies them in one "
         "cached forward pass, both caches are cropped to the kept sequence. Compared token by token with the target's plain "
@@ -110,7 +115,7 @@ def test_modified_acceptance_rule_samples_the_target(claim):
     )
     claim.verify(
         "arithmetic",
-        exact=bool(closed_form < 1e-12 and chi2.pvalue >= 1e-3 and tv < 0.01),
+        exact=bool(closed_form <= _law_bound(CLOSED_FORM_MAX_VOCAB) and chi2.pvalue >= 1e-3 and tv < 0.01),
         closed_form_max_err=closed_form,
         chi2_pvalue=float(chi2.pvalue),
         tv=tv,
@@ -133,6 +138,7 @@ def test_expected_tokens_per_pass(claim):
         "arithmetic",
         max_abs_z=float(max(abs(v) for v in z.values())),
         series_max_err=spec.series_error(ALPHAS, GAMMAS),
+        series_err_over_bound=max(abs(spec.expected_tokens(a, g) - sum(a**k for k in range(g + 1))) / _geometric_bound(a, g) for a in ALPHAS for g in GAMMAS),
         cells=len(z),
         passes_per_cell=passes,
     )
@@ -277,10 +283,34 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
 # ------------------------------------------------------------------------------------------------
 
 
+U64 = rounding.unit_roundoff(torch.float64)  # 2^-53
+CLOSED_FORM_MAX_VOCAB = 12  # spec.closed_form_error's default
+
+
+def _geometric_bound(alpha: float, gamma: int) -> float:
+    """|(1 - a^(g+1)) / (1 - a) - sum_k a^k| in float64, a priori.
+
+    The closed form: the power within 2u relative (pow to 1 ulp), 1 - a^(g+1) adds u of itself,
+    1 - a one u and the division one: at most 6u / (1 - a) absolute. The sum: each power within
+    2u of a^k, g + 1 sums of at most u E (E <= g + 1): (g + 2) u E.
+    """
+    return U64 * (6 / (1 - alpha) + (gamma + 2) * (gamma + 1))
+
+
+def _law_bound(vocab: int) -> float:
+    """Bound of |P - p| of the closed-form output law in float64, for p and q normalised in float64 over ``vocab`` tokens.
+
+    P = min(p, q) + (1 - sum min(p, q)) r / sum r with r = max(0, p - q) is p exactly when sum p = 1;
+    normalising leaves sum p within u of 1; the quotient, products and differences are one rounding
+    each, each sum of V terms V - 1: at most 2V + 10 roundings of at most u of a number <= 1: gamma_{2V+10}(2^-53).
+    """
+    return rounding.gamma(2 * vocab + 10, U64)
+
+
 @given(alpha_st, gamma_st)
 def test_expected_tokens_is_the_geometric_sum(alpha, gamma):
     e = spec.expected_tokens(alpha, gamma)
-    assert e == pytest.approx(sum(alpha**k for k in range(gamma + 1)), rel=1e-9)
+    assert abs(e - sum(alpha**k for k in range(gamma + 1))) <= _geometric_bound(alpha, gamma)
     assert 1.0 <= e <= gamma + 1
     assert spec.expected_tokens(alpha, gamma + 1) >= e
 
@@ -288,9 +318,10 @@ def test_expected_tokens_is_the_geometric_sum(alpha, gamma):
 @given(alpha_st, gamma_st, st.floats(0.0, 1.0))
 def test_speedup_falls_with_the_drafts_cost(alpha, gamma, c):
     s = spec.speedup(alpha, gamma, c)
-    assert spec.speedup(alpha, gamma, 0.0) == pytest.approx(spec.expected_tokens(alpha, gamma))
+    assert spec.speedup(alpha, gamma, 0.0) == spec.expected_tokens(alpha, gamma)  # E / (0 + 1): a division by 1 is exact
     assert spec.speedup(alpha, gamma, min(1.0, c + 0.1)) <= s
-    assert spec.implied_c(s, alpha, gamma) == pytest.approx(c, abs=1e-9)
+    # g c + 1 (2 roundings), E / that and E / s (1 each), - 1 and / g (1 each): within (4 (g + 1) / g + 3) u of c
+    assert abs(spec.implied_c(s, alpha, gamma) - c) <= (4 * (gamma + 1) / gamma + 3) * U64
 
 
 @given(st.lists(st.floats(0.01, 1.0), min_size=2, max_size=12), st.lists(st.floats(0.01, 1.0), min_size=2, max_size=12))
@@ -299,4 +330,4 @@ def test_output_law_of_the_acceptance_rule_is_the_target(pw, qw):
     p = torch.tensor(pw[:n], dtype=torch.float64)
     q = torch.tensor(qw[:n], dtype=torch.float64)
     p, q = p / p.sum(), q / q.sum()
-    assert torch.allclose(spec.output_distribution(p, q), p, atol=1e-12)
+    assert bool(((spec.output_distribution(p, q) - p).abs() <= _law_bound(n)).all())
