@@ -288,6 +288,32 @@ def test_verify_in_a_fresh_pid_namespace_prints_no_older_runs_summary(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
+def test_an_interrupt_in_a_frame_without_a_line_number_is_rendered_not_crashed_on():
+    """Python 3.11+ may give an interrupted frame tb_lineno None; pytest's renderer then raised its own TypeError."""
+    from _pytest._code.code import ExceptionInfo, Traceback, TracebackEntry
+
+    from fixtures import plugin
+
+    class NoLine:  # the raw traceback entry of such a frame
+        def __init__(self, tb):
+            self.tb = tb
+
+        def __getattr__(self, name):
+            return None if name == "tb_lineno" else getattr(self.tb, name)
+
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        excinfo = ExceptionInfo.from_current()
+    entries = list(excinfo.traceback)
+    excinfo.traceback = Traceback(entries + [TracebackEntry(NoLine(entries[-1]._rawentry))])
+    with pytest.raises(TypeError):
+        excinfo.getrepr(funcargs=True)  # what the terminal reporter does with it
+    plugin.pytest_keyboard_interrupt(excinfo)
+    plugin._interrupted.clear()
+    assert "KeyboardInterrupt" in str(excinfo.getrepr(funcargs=True))
+
+
 def test_ctrl_c_during_verify_keeps_what_was_measured_and_replaces_nothing(tmp_path):
     out = tmp_path / "reports"
     before = _seeded(out)
