@@ -22,6 +22,8 @@ from pathlib import Path
 from .cli import Parser, nonempty, timing_threads
 
 ROOT = Path(__file__).resolve().parent.parent
+#: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).
+_NOTHING_SELECTED = 5
 
 
 def _stress_count(text: str) -> int:
@@ -106,6 +108,10 @@ def _verify(argv: list[str]) -> int:
         kept = f"its record so far: {mine}" if mine else "it recorded nothing"
         print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
         return 128 + signal.SIGINT
+    if code == _NOTHING_SELECTED:  # the plugin wrote no record: an empty one would replace the latest verdicts
+        print(f"cheapinfer verify: no test was selected, nothing was run; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} "
+              "were not replaced", file=sys.stderr)
+        return code
     if mine:
         print("\n".join(["", *report.summary_table(report.load(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.

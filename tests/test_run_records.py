@@ -155,6 +155,18 @@ def test_a_collection_error_replaces_no_record(tmp_path):
     assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
 
 
+def test_a_selection_of_no_test_replaces_no_record(tmp_path):
+    """``verify -k no_such_test_name`` (pytest exit 5) used to replace run.json and errata.md with an empty record."""
+    out = tmp_path / "reports"
+    before = _seeded(out)
+    run = _verify("--report-dir", str(out), "-k", "no_such_test_name")
+    assert _usage_error(run, 5) == ("cheapinfer verify: no test was selected, nothing was run; "
+                                    "the latest run.json and errata.md were not replaced")
+    assert "**all**" not in run.stdout and "Run record" not in run.stdout
+    assert "no record written (the latest run.json and errata.md were not replaced)" in run.stdout  # pytest's own line
+    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+
+
 @pytest.mark.parametrize("where", ["below-a-file", "a-directory"])
 def test_an_unwritable_benchmark_json_is_a_usage_error_before_any_test(where, tmp_path):
     """pytest-benchmark writes its JSON after the last test; failing there used to lose the run's record."""
