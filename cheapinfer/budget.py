@@ -22,6 +22,8 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from .cli import Parser
+
 GIB = 2**30
 RESERVE_GIB = 1.5
 CACHE_BYTES_PER_ELEMENT = 2  # fp16 keys and values
@@ -139,7 +141,7 @@ def _positive(kind: str):
 
 
 def budget_cli(argv: list[str]) -> int:
-    """``cheapinfer budget``: what fits in a memory size. Bad input: an argparse-style message, exit status 2."""
+    """``cheapinfer budget``: what fits in a memory size. Bad input: one line (:class:`cli.Parser`), exit status 2."""
     try:
         return _budget_cli(argv)
     except SystemExit as exc:  # argparse's error() and --help exit; hand the status back instead
@@ -147,7 +149,7 @@ def budget_cli(argv: list[str]) -> int:
 
 
 def _budget_cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="cheapinfer budget",
         description="Weights + KV cache for all resident tokens: how many tokens of context fit.",
         epilog="Assumptions: " + ASSUMPTIONS,

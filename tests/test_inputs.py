@@ -190,6 +190,25 @@ def test_no_command_prints_the_usage_and_exits_2_and_help_exits_0():
         assert helped.returncode == 0 and helped.stdout.startswith("Command line:") and helped.stderr == ""
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param(["budget", "--no-such-option"], "unrecognized arguments: --no-such-option", id="budget-unknown-option"),
+        pytest.param(["budget", "--tables", "--reserve-gib", "x"], "argument --reserve-gib: invalid float value: 'x'", id="budget-bad-value"),
+        pytest.param(["merge", "tests/data/run-record.json", "--no-such-option"], "unrecognized arguments: --no-such-option", id="merge-unknown-option"),
+        pytest.param(["merge"], "the following arguments are required: records", id="merge-no-record"),
+        pytest.param(["engine", "--no-such-option"], "unrecognized arguments: --no-such-option", id="engine-unknown-option"),
+        pytest.param(["engine", "--rounds", "x"], "argument --rounds: invalid int value: 'x'", id="engine-bad-value"),
+    ],
+)
+def test_a_bad_argument_to_budget_merge_or_engine_is_one_line_without_the_usage(args, message):
+    """argparse's own error printed the whole usage block before its line; these commands parse with cli.Parser too."""
+    run = _cheapinfer(*args)
+    line = _one_line(run, 2)
+    assert line == f"cheapinfer {args[0]}: error: {message} (see cheapinfer {args[0]} --help)"
+    assert "usage:" not in run.stderr and run.stdout == ""
+
+
 @pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf"])
 def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(timeout):
     line = _one_line(_cheapinfer("faults", f"--timeout={timeout}"), 2)
