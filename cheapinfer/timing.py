@@ -12,8 +12,9 @@ value and its robust standard error, 1.4826 MAD x sqrt(pi / 2) / sqrt(n) (the me
 deviation as a normal sigma, the efficiency of a median). A check on it decides only where its margin
 to the bound is at least ``registry.NOISE_SIGMAS`` standard errors; :func:`interleaved_until_decided`
 measures more rounds while a margin is within the noise, up to a stated budget
-(:data:`MAX_ROUNDS_FACTOR` times the planned rounds, :data:`EXTRA_SECONDS` of extra time), after
-which the claim is *inconclusive*, with the numbers.
+(:data:`MAX_ROUNDS_FACTOR` times the planned rounds, :data:`EXTRA_SECONDS` of extra time, and
+:data:`RUN_EXTRA_SECONDS` for all measurements of a run together), after which the claim is
+*inconclusive*, with the numbers.
 """
 
 from __future__ import annotations
@@ -138,6 +139,16 @@ def _keeping_marks(fn: Callable[[], object], kept: list) -> Callable[[], None]:
 MAX_ROUNDS_FACTOR = 4
 #: ... and at most this much extra time (seconds) beyond its planned rounds.
 EXTRA_SECONDS = 90.0
+#: All the measurements of one process together take at most this much extra time (seconds): a busy machine that
+#: leaves many checks within their noise makes the later ones inconclusive once it is spent, rather than the run
+#: many minutes longer (the quiet CPU suite stays within its ten minutes on two cores).
+RUN_EXTRA_SECONDS = 150.0
+_run_extra_spent = [0.0]
+
+
+def run_extra_left() -> float:
+    """Seconds of :data:`RUN_EXTRA_SECONDS` this process has not yet spent on extra rounds."""
+    return max(0.0, RUN_EXTRA_SECONDS - _run_extra_spent[0])
 #: sigma from the median absolute deviation (normal noise) times the median's standard-error factor sqrt(pi / 2).
 _MAD_TO_SE = 1.4826 * math.sqrt(math.pi / 2)
 
@@ -201,7 +212,7 @@ def interleaved_until_decided(
     first block had none: the blocks run back to back, so a caller that warmed up outside the clock stays so) while a
     quantity's margin to its bound (``bounds``: quantity -> bound) is within ``sigmas`` standard errors, up to
     :data:`MAX_ROUNDS_FACTOR` x ``rounds`` in all and ``extra_seconds`` (default :data:`EXTRA_SECONDS`) of extra
-    time. ``pending(estimates)`` names further undecided quantities where a decision is a rule over several
+    time, within what is left of the process's :data:`RUN_EXTRA_SECONDS`. ``pending(estimates)`` names further undecided quantities where a decision is a rule over several
     estimates rather than one bound (the knee of the batch curve: :func:`cheapinfer.batching.knee_pending`).
     ``run`` times a block (default :func:`interleaved`; the suite's fixture records it with pytest-benchmark)."""
     run = run or (lambda v, r, w: interleaved(v, rounds=r, warmup=w, device=device))
@@ -215,8 +226,12 @@ def interleaved_until_decided(
             break
         if len(next(iter(samples.values())).seconds) + rounds > MAX_ROUNDS_FACTOR * rounds or extra + block > extra_seconds:
             break
+        if block > run_extra_left():  # the run's shared extra time is spent
+            break
         t0 = time.perf_counter()
         more = run(variants, rounds, min(warmup, 1))
-        extra += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        extra += spent
+        _run_extra_spent[0] += spent
         samples = {name: Samples(name, samples[name].seconds + more[name].seconds) for name in samples}
     return samples

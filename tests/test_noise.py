@@ -150,3 +150,16 @@ def test_one_real_runs_noise_is_what_its_step_times_explain():
     assert noisy["step_noise"] == pytest.approx(cv)
     assert noisy["real_throughput_ratio_se"] == pytest.approx(2.0 * cv * math.sqrt(1 / 100 + 1 / 50))
     assert noisier["prediction_error_se"] == pytest.approx(2 * noisy["prediction_error_se"], rel=0.05)  # linear in the noise
+
+
+def test_the_runs_shared_extra_time_caps_every_measurement_once_spent(monkeypatch):
+    """Once the process's RUN_EXTRA_SECONDS are spent, an undecided measurement keeps its planned rounds (and is inconclusive)."""
+    pending = lambda found: ["knee"]  # noqa: E731  (never satisfied: only a budget stops it)
+    monkeypatch.setattr(timing, "_run_extra_spent", [timing.RUN_EXTRA_SECONDS])
+    run, calls = _fake_rounds([1.6] * 100)
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {}, 3.0, rounds=5, run=run, pending=pending)
+    assert calls == [5] and timing.run_extra_left() == 0.0
+    monkeypatch.setattr(timing, "_run_extra_spent", [0.0])
+    run, calls = _fake_rounds([1.6] * 100)
+    timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {}, 3.0, rounds=5, run=run, pending=pending)
+    assert calls == [5, 5, 5, 5] and 0.0 < timing.run_extra_left() <= timing.RUN_EXTRA_SECONDS  # the factor's 4 blocks, their time debited
