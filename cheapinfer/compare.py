@@ -74,7 +74,7 @@ class Change:
     after: Any
     tolerance: str  # how far the value may move, or "" for a verdict
     regression: bool
-    reason: str = ""  # why the claim is now *not run* (a verdict change to not run)
+    reason: str = ""  # why the claim is now *not run* (a verdict change to not run), or why a value rightly moved
     harness: bool = False  # now not run because its test raised before a verdict: the suite or a library broke, not the claim
 
     def line(self) -> str:
@@ -84,7 +84,7 @@ class Change:
         elif self.what == "verdict":
             body = f"verdict: {self.before} -> {self.after}" + (f" ({self.reason})" if self.reason else "")
         else:
-            body = f"{self.what}: {_v(self.before)} -> {_v(self.after)} (moved beyond {self.tolerance})"
+            body = f"{self.what}: {_v(self.before)} -> {_v(self.after)} (moved beyond {self.tolerance}" + (f"; {self.reason})" if self.reason else ")")
         return f"{tag:<11} {self.claim} [{self.profile}] {body}"
 
 
@@ -166,19 +166,47 @@ def _shape_bound(q: str, claim: dict[str, Any]) -> tuple[str, float] | None:
     return None
 
 
-def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape: tuple[str, float], band: float, asserted: bool) -> Change | None:
+def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape: tuple[str, float], band: float, asserted: bool,
+                  se: tuple[Any, Any] = (None, None)) -> Change | None:
     """A shape-checked value regresses when it moves toward its bound by more than ``band`` (relative)
     on a check that was asserted; a move away from the bound, or on a check that was only reported
-    (e.g. a CUDA-only bound on a CPU run), is a change, not a regression."""
+    (e.g. a CUDA-only bound on a CPU run), is a change, not a regression. A value measured with its
+    standard error in both runs (a noisy check) has moved only where the difference also exceeds
+    ``registry.NOISE_SIGMAS`` combined standard errors (a two-sample z-test at the verdicts' own level):
+    two runs of one commit on a shared machine differ by their noise, and that is no regression."""
+    from .registry import NOISE_SIGMAS
+
     a, b = _number(before), _number(after)
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
         return Change(cid, profile, q, before, after, "a finite number", asserted) if before != after else None
     if not _moved(a, b, "rel", band):
         return None
+    se_a, se_b = (_number(float(x)) if x in ("inf", "nan") else _number(x) for x in se)  # the record writes a non-finite error as text
+    noise = ""
+    if se_a is not None and se_b is not None:
+        combined = math.hypot(se_a, se_b)
+        if not abs(b - a) > NOISE_SIGMAS * combined:  # within the noise (an infinite error decides nothing)
+            return None
+        noise = f" and {NOISE_SIGMAS:g} combined standard errors ({fmt(combined)})"
     op, bound = shape
     toward = b < a if op in (">", ">=") else b > a
     side = "toward" if toward else "away from"
-    return Change(cid, profile, q, before, after, f"±{band:.0%} relative, {side} the bound {op} {fmt(bound)}", toward and asserted)
+    return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", toward and asserted)
+
+
+def _release_bound(q: str, claim: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Why ``q`` may rightly differ between the two runs: the claim's erratum stands on it and is limited to some
+    releases (``applies``) of a library whose version differs between them (KV-API: ``past_key_values`` is the
+    4.x name, ``cache`` the 5.x one). Empty where no such reason exists: the move is then a regression."""
+    erratum = claim.get("erratum") or {}
+    if q not in erratum.get("stands_on", ()) or not isinstance(erratum.get("applies"), dict):
+        return ""
+    ea, eb = before.get("environment", {}), after.get("environment", {})
+    moved = [f"{lib} {ea.get(lib, '-')} -> {eb.get(lib, '-')}" for lib in erratum["applies"] if ea.get(lib) != eb.get(lib)]
+    if not moved:
+        return ""
+    ranges = ", ".join(f"{lib} {spec}" for lib, spec in erratum["applies"].items())
+    return f"expected: the erratum stands on it and applies to {ranges} only, and {'; '.join(moved)}"
 
 
 def _describe(form: str, width: float) -> str:
@@ -214,6 +242,7 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
             if not ra or not rb or NOT_RUN in (va, vb):
                 continue
             a_measured = {c["q"]: c["measured"] for c in ra.get("checks", [])}
+            a_se = {c["q"]: c.get("se") for c in ra.get("checks", [])}
             done = set()
             for chk in rb.get("checks", []):
                 q = chk["q"]
@@ -222,11 +251,13 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
                 done.add(q)
                 form, width = _tolerance(q, b_claim, band)
                 if form == "rel" and _shape_bound(q, b_claim) is not None:
-                    change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], _shape_bound(q, b_claim), band, chk.get("asserted", True))
+                    change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], _shape_bound(q, b_claim), band, chk.get("asserted", True),
+                                           (a_se.get(q), chk.get("se")))
                     if change:
                         changes.append(change)
                 elif _moved(a_measured[q], chk["measured"], form, width):
-                    changes.append(Change(cid, key[0], q, a_measured[q], chk["measured"], _describe(form, width), True))
+                    release = _release_bound(q, b_claim, before, after)
+                    changes.append(Change(cid, key[0], q, a_measured[q], chk["measured"], _describe(form, width), not release, release))
     return changes
 
 

@@ -209,3 +209,34 @@ def test_a_printed_bound_moves_like_a_shape_bound():
     claim = {"book": {"r": 10.0}, "checks": [{"q": "r", "kind": "digits", "form": "bound", "op": ">", "tol": 0.0}]}
     assert cmp._tolerance("r", claim, 0.25) == ("rel", 0.25)
     assert cmp._shape_bound("r", claim) == (">", 10.0)
+
+
+def _with_se(speedup: float, se: float) -> dict:
+    rec = Recorder()
+    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_se": se, "speedup_growth": 2.0, "speedup_growth_se": 0.01,
+                                                 "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0})
+    return report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-SPEEDUP-48": ["t.py"]})
+
+
+def test_a_noisy_value_moved_within_three_combined_standard_errors_is_no_regression():
+    """speedup 4.0 -> 2.4 (-40%, toward > 2): a regression where the two runs' standard errors are small, noise where they are not."""
+    assert [(c.what, c.regression) for c in cmp.compare(_with_se(4.0, 0.05), _with_se(2.4, 0.05))] == [("speedup", True)]
+    def moved(before, after):
+        return [c for c in cmp.compare(before, after) if c.what == "speedup"]  # the verdict may turn inconclusive: a change, reported apart
+
+    assert moved(_with_se(4.0, 0.4), _with_se(2.4, 0.4)) == []  # 1.6 < 3 x hypot(0.4, 0.4) = 1.70
+    assert moved(_with_se(4.0, 0.05), _with_se(2.4, float("inf"))) == []  # an infinite error decides nothing
+
+
+def test_a_value_an_erratum_stands_on_may_move_with_the_release_its_erratum_applies_to():
+    """KV-API: `cache` on transformers 5.x, `past_key_values` on 4.x. Expected where the erratum's release range is crossed, a regression otherwise."""
+    def kv_api(argument: str, transformers: str) -> dict:
+        rec = Recorder()
+        rec.verify("KV-API", "twin", "cpu", {"cache_argument": argument, "cache_attribute": argument, "identical": True})
+        return report.build([r.to_dict() for r in rec.results], {**ENV, "transformers": transformers},
+                            {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-API": ["t.py"]})
+
+    across = [c for c in cmp.compare(kv_api("cache", "5.24.0"), kv_api("past_key_values", "4.57.6")) if c.what == "cache_argument"]
+    assert len(across) == 1 and not across[0].regression and "applies to transformers >=5" in across[0].line()
+    within = [c for c in cmp.compare(kv_api("cache", "5.24.0"), kv_api("past_key_values", "5.24.0")) if c.what == "cache_argument"]
+    assert len(within) == 1 and within[0].regression
