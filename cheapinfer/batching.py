@@ -227,6 +227,23 @@ def knee(found: Sequence[Doubling], threshold: float = 1.25, sigmas: float = 3.0
     return None
 
 
+def knee_on_book_curve(book_from: int, book_gain: float, gain_before: float = 1.9, threshold: float = 1.25, sigmas: float = 3.0) -> int:
+    """The knee rule (:func:`knee`) applied to a curve whose knee is known: doublings 1 -> 2 up to ``book_from``
+    that each gain ``gain_before`` (memory-bound: a doubling nearly doubles throughput), then the book's own
+    doubling ``book_from`` -> 2 ``book_from`` at ``book_gain`` (BAT-KNEE: 16 -> 32 at 1.09x), every gain with a
+    standard error of 1 % (far inside the threshold's margin). The rule must return ``book_from``; 0 where it
+    finds no knee. BAT-KNEE runs it on every machine: a rule that stops after its first doubling or looks past
+    the knee is red whatever range the measured curve could afford, where the measured search alone would end
+    *inconclusive* at its budget."""
+    found, b = [], 1
+    while b <= book_from:
+        gain = book_gain if b == book_from else gain_before
+        se = 0.01 * gain
+        found.append(Doubling(b, 2 * b, gain, se, 2 / gain, 2 * se / gain**2, 5))
+        b *= 2
+    return knee(found, threshold, sigmas) or 0
+
+
 @dataclass(frozen=True)
 class Knee:
     batch: int | None  # the knee doubling starts here (None: no knee found)

@@ -297,6 +297,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
         knee_searched_seconds=round(search.spent_s, 1),
         knee_search_complete=complete,
         knee_skipped_doublings=k.skipped,
+        knee_rule_on_book_curve=batching.knee_on_book_curve(16, 1.09, threshold=KNEE_GAIN, sigmas=NOISE_SIGMAS),
         knee_latency_gain=k.latency_gain,
         knee_latency_gain_se=k.latency_se,
         knee_throughput_gain=k.throughput_gain,
