@@ -251,7 +251,7 @@ class Judgement:
             else:
                 margin = abs(o.measured - o.target) / o.se if o.se else math.inf
                 out.append(f"{claim.id} {o.check.q}: measured {fmt(o.measured)} +- {fmt(o.se)} ({NOISE_WORDS[o.check.noise]}), "
-                           f"expected {o.check.describe(claim.book)}: the margin is {margin:.1f} standard errors, fewer than the "
+                           f"expected {o.check.describe(claim.book)}: the margin is {math.floor(margin * 100) / 100:.2f} standard errors, fewer than the "
                            f"{NOISE_SIGMAS:g} needed to decide; measure on a quieter machine or with more rounds")
         return out
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
+from . import SEED
 from .accel import elapsed, sync
 from .cli import timing_threads
 
@@ -89,6 +91,10 @@ def mark_name(variant: str, mark: object) -> str:
     return f"{variant}@{mark}"
 
 
+#: The order of the variants within each round of :func:`interleaved`: seeded once per process, so a run repeats.
+ORDER = random.Random(SEED)
+
+
 def interleaved(
     variants: Mapping[str, Callable[[], object]],
     rounds: int = 7,
@@ -97,8 +103,12 @@ def interleaved(
 ) -> dict[str, Samples]:
     """Time each callable ``rounds`` times, interleaved: a, b, c, a, b, c, ...
 
-    Each variant runs ``warmup`` times first (allocator, caches, lazy init). The order within a
-    round rotates so no variant always runs right after the same neighbour. On a CPU the block
+    Each variant runs ``warmup`` times first (allocator, caches, lazy init). Each round runs the variants in a
+    fresh random order (:data:`ORDER`, seeded): a call is slowed by what ran just before it (a large step
+    leaves the allocator and the caches cold: a 1-row decode step of the bf16 twin took 1.4x as long after a
+    128-row step as after a 2-row one), so a fixed order, rotated or not (a rotation keeps every variant's
+    predecessor), biases the variants it always puts after a heavy one; a random order turns that into noise
+    the rounds' spread shows. On a CPU the block
     runs with ``TIMING_THREADS`` torch threads. A variant that returns :class:`Marks` adds one series per
     mark (:func:`mark_name`) beside its whole call's.
     """
@@ -111,7 +121,7 @@ def interleaved(
                 variants[name]()
         sync(device)
         for r in range(rounds):
-            order = names[r % len(names):] + names[: r % len(names)]
+            order = ORDER.sample(names, len(names))
             for name in order:
                 kept: list[Marks] = []
                 out[name].seconds.append(elapsed(_keeping_marks(variants[name], kept), device))

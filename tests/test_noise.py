@@ -81,7 +81,7 @@ def test_an_inconclusive_claim_is_neither_green_nor_red_and_the_report_says_why(
     assert set(result["load"]) == {"loadavg_before", "loadavg_after", "cpus", "steal_fraction"}
     md = (reports / "errata.md").read_text()
     section = md.split("## Inconclusive", 1)[1].split("\n## ", 1)[0]
-    assert "measured 1.2 ± 0.5" in section and "the margin is 0.1 standard errors" in section and "quieter machine" in section
+    assert "measured 1.2 ± 0.5" in section and "the margin is 0.10 standard errors" in section and "quieter machine" in section
     assert "**Load:** load average" in section and "Candidate errata" not in md
 
 
@@ -163,3 +163,14 @@ def test_the_runs_shared_extra_time_caps_every_measurement_once_spent(monkeypatc
     run, calls = _fake_rounds([1.6] * 100)
     timing.interleaved_until_decided({"a": None, "b": None}, lambda t: {"r": t["a"] / t["b"]}, {}, 3.0, rounds=5, run=run, pending=pending)
     assert calls == [5, 5, 5, 5] and 0.0 < timing.run_extra_left() <= timing.RUN_EXTRA_SECONDS  # the factor's 4 blocks, their time debited
+
+
+def test_no_variant_always_runs_after_the_same_neighbour():
+    """A heavy call slows the one after it; a fixed order (a rotation included) would bias the same variant every round."""
+    calls: list[str] = []
+    names = ["b1", "b2", "b4", "b128", "copy"]
+    timing.interleaved({n: (lambda n=n: calls.append(n)) for n in names}, rounds=12, warmup=0)
+    after = {n: {calls[i - 1] for i in range(1, len(calls)) if calls[i] == n} for n in names}
+    assert all(len(p) >= 3 for p in after.values()), after
+    assert sorted(calls) == sorted(names * 12)  # every variant once per round
+    assert all(sorted(calls[i : i + len(names)]) == sorted(names) for i in range(0, len(calls), len(names)))
