@@ -24,6 +24,7 @@ A fault is registered with :func:`fault`::
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,19 +308,31 @@ _CLOCK_FIXTURES = {"timed", "step_times", "benchmark"}
 _CLOCK_CALLS = ("perf_counter", "time.time(", "monotonic", "interleaved(", "Samples(")
 
 
-def _claim_tests(claims_dir: Path | None = None) -> Iterator[tuple[list[str], Any, str]]:
-    """Each claim test in ``claims/test_*.py``: (its claim IDs, its function node, its source)."""
+def _claim_tests(claims_dir: Path | None = None) -> list[tuple[list[str], Any, str]]:
+    """Each claim test in ``claims/test_*.py``: (its claim IDs, its function node, its source).
+
+    Parsed once per version of the files (their paths and modification times): the sweep asks for the
+    clocked and the slow claims of every fault, and a parse of all modules takes a second."""
+    paths = sorted(Path(claims_dir or _root() / "claims").glob("test_*.py"))
+    return _parsed_claim_tests(tuple((str(p), p.stat().st_mtime_ns) for p in paths))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_claim_tests(files: tuple[tuple[str, int], ...]) -> list[tuple[list[str], Any, str]]:
     import ast
 
-    for path in sorted(Path(claims_dir or _root() / "claims").glob("test_*.py")):
-        source = path.read_text(encoding="utf-8")
+    out = []
+    for path, _ in files:
+        source = Path(path).read_text(encoding="utf-8")
+        lines = source.splitlines(keepends=True)
         for node in ast.walk(ast.parse(source)):
             if not isinstance(node, ast.FunctionDef):
                 continue
             ids = [d.args[0].value for d in node.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
                    and d.func.attr == "claim" and d.args and isinstance(d.args[0], ast.Constant)]
-            if ids:
-                yield ids, node, ast.get_source_segment(source, node) or ""
+            if ids:  # the function's lines (ast.get_source_segment re-splits the whole module on every call)
+                out.append((ids, node, "".join(lines[node.lineno - 1 : node.end_lineno])))
+    return out
 
 
 def clocked_claims(claims_dir: Path | None = None) -> set[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer import artifacts, models
+from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,11 +116,8 @@ def test_a_corrupt_conversion_is_not_run_with_the_file_named_and_no_claim_judged
     """End to end: model.safetensors changed by one byte -> the stand-in claim is not run, the reason names the file."""
     folder = _copy_conversion(real_conversion, temp_cache, corrupt="model.safetensors")
     reports = tmp_path / "reports"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--report-dir={reports}",
-         "claims/test_outliers.py", "-k", "1579 and stand"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ},
-    )
+    run = python_m("pytest", "-p", "no:cacheprovider", "-q", f"--report-dir={reports}",
+         "claims/test_outliers.py", "-k", "1579 and stand", cwd=ROOT, timeout=300, env={**os.environ})
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Traceback" not in run.stdout + run.stderr
     result = json.loads((reports / "run.json").read_text())["claims"]["OUT-DIM62"]["results"]
@@ -200,7 +198,7 @@ def test_a_download_with_another_hash_is_refused_unopened_and_nothing_in_it_runs
 
 
 def test_fetch_on_a_hash_mismatch_is_one_line_and_exit_1(fake_index):
-    run = subprocess.run([sys.executable, "-m", "cheapinfer", "fetch"], cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ})
+    run = python_m("cheapinfer", "fetch", cwd=ROOT, timeout=120, env={**os.environ})
     assert run.returncode == 1, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("cheapinfer fetch: error: ")]
     assert len(errors) == 1 and artifacts.STAND_IN.dist_sha256 in errors[0] and "Traceback" not in run.stderr
@@ -221,7 +219,7 @@ def test_a_directory_where_the_cache_keeps_a_file_is_refused_by_name(entry, temp
         artifacts.fetch(artifacts.STAND_IN)
     assert str(err.value) == (f"{path}: not a file (a directory or another kind of entry stands where the cache keeps a file); "
                               "it is not used. Delete it and run `python -m cheapinfer fetch` again.")
-    run = subprocess.run([sys.executable, "-m", "cheapinfer", "fetch"], cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ})
+    run = python_m("cheapinfer", "fetch", cwd=ROOT, timeout=120, env={**os.environ})
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert [line for line in run.stderr.splitlines() if line.strip()] == [f"cheapinfer fetch: error: {err.value}"]
     assert path.is_dir()

@@ -17,6 +17,7 @@ from hypothesis import given, strategies as st
 
 from cheapinfer import __main__ as cli, compare as cmp, report
 from cheapinfer.record import Recorder
+from harness import python_m
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 ENV = {"cpu": "Example CPU", "gpu": "none", "driver": "n/a", "cuda": "n/a", "torch": "2.13.0", "transformers": "5.24.0", "bitsandbytes": "0.50.2", "gguf": "0.19.0"}
@@ -129,7 +130,7 @@ def test_compare_json_output(tmp_path, capsys):
 def test_compare_command_line_exit_status(tmp_path):
     """The exit status a CI job sees, through `python -m cheapinfer compare`."""
     before, after = save(built(), tmp_path / "before"), save(built(bytes_per_token=12_289), tmp_path / "after")
-    run = lambda a, b: subprocess.run([sys.executable, "-m", "cheapinfer", "compare", str(a), str(b)], capture_output=True, text=True, timeout=120)
+    run = lambda a, b: python_m("cheapinfer", "compare", str(a), str(b), timeout=120)
     assert run(before, before).returncode == 0
     failed = run(before, after)
     assert failed.returncode == 1 and "KV-BYTES-FORMULA" in failed.stdout

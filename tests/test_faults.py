@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer import faults, registry
+from harness import python_m
 from cheapinfer import record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,10 +129,7 @@ def test_the_sweep_stops_at_the_first_red_claim(monkeypatch, tmp_path):
 def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
     """One cheap fault through the real path: pytest --fault --stop-on-red, the registry, the record, the table."""
     name = "kv-bytes-counts-query-heads"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cheapinfer", "faults", name, "--report-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    proc = python_m("cheapinfer", "faults", name, "--report-dir", str(tmp_path), cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = faults.last_run(tmp_path)["faults"][name]
     assert run["caught"] == 1
@@ -155,14 +153,14 @@ def test_a_fault_run_starts_pytest_from_the_fork_server_or_a_fresh_interpreter(m
 @pytest.mark.faults
 def test_every_known_fault_turns_a_claim_red_in_every_run(tmp_path):
     """The whole catalogue (minutes): every fault turns at least one of its claims red, in each of 3 runs."""
-    proc = subprocess.run([sys.executable, "-m", "cheapinfer", "faults", "--runs", "3", "--report-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    proc = python_m("cheapinfer", "faults", "--runs", "3", "--report-dir", str(tmp_path), cwd=ROOT, timeout=None)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("args, message", [(["--fault", "no-such-fault"], "no such fault"), (["--claims", "NOPE-1"], "no such claim ID"),
                                            (["--fault", ""], "--fault: the value is empty")])
 def test_unknown_fault_or_claim_is_a_usage_error(args, message):
-    proc = subprocess.run([sys.executable, "-m", "pytest", "claims/test_budget.py", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = python_m("pytest", "claims/test_budget.py", "-q", "-p", "no:cacheprovider", *args, cwd=ROOT, timeout=120)
     assert proc.returncode == 4 and message in proc.stderr, proc.stderr
 
 

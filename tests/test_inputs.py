@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from cheapinfer import artifacts, models
+from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return python_m("pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", *args, cwd=ROOT)
 
 
 def test_book_model_pointing_nowhere_is_a_usage_error(tmp_path):
@@ -172,8 +172,7 @@ def _one_line(run: subprocess.CompletedProcess, code: int) -> str:
 
 
 def _cheapinfer(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cheapinfer", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return python_m("cheapinfer", *args, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 def test_an_unknown_command_is_one_line_naming_the_valid_ones():
@@ -244,8 +243,7 @@ def test_timing_threads_that_are_not_an_integer_are_a_usage_error(value, tmp_pat
     message = (f"CHEAPINFER_TIMING_THREADS={value!r}: expected an integer >= 0 (torch threads while timing on a CPU; "
                "0 keeps torch's own count)")
     env = {**os.environ, "CHEAPINFER_TIMING_THREADS": value}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", "tests/test_budget_cli.py", "-q"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    run = python_m("pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", "tests/test_budget_cli.py", "-q", cwd=ROOT, timeout=300, env=env)
     assert _one_line(run, 4) == f"ERROR: {message}"
     for command in ("verify", "faults"):
         assert _one_line(_cheapinfer(command, env={"CHEAPINFER_TIMING_THREADS": value}), 2) == f"cheapinfer {command}: error: {message}"
@@ -265,8 +263,7 @@ def test_a_cache_that_is_a_file_is_one_line(where, tmp_path):
     cache = tmp_path / "cache" if where == "file" else tmp_path / "cache" / "sub"
     expected = f"CHEAPINFER_CACHE={cache}: {tmp_path / 'cache'} is a file, not a directory; point CHEAPINFER_CACHE at a directory"
     env = {"CHEAPINFER_CACHE": str(cache)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path / 'r'}", "tests/test_budget_cli.py", "-q"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    run = python_m("pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path / 'r'}", "tests/test_budget_cli.py", "-q", cwd=ROOT, timeout=300, env={**os.environ, **env})
     assert _one_line(run, 4) == f"ERROR: {expected}"
     assert _one_line(_cheapinfer("fetch", env=env), 1) == f"cheapinfer fetch: error: {expected}"
     assert (tmp_path / "cache").read_text() == "a file"
@@ -301,8 +298,7 @@ def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_check
     """``pytest <checkout>/tests/... -m gpu --report-dir DIR`` from another directory: DIR is the option's value."""
     out = tmp_path / "out"
     out.mkdir()
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py"), "-m", "gpu", "--report-dir", str(out), "-q"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    run = python_m("pytest", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py"), "-m", "gpu", "--report-dir", str(out), "-q", cwd=tmp_path, timeout=300)
     assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert (out / "run.json").is_file()
 
@@ -313,8 +309,7 @@ def test_the_issues_invocation_parses_from_the_checkout(tmp_path):
     import torch
 
     co = ["--co"] if torch.cuda.is_available() else []
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "-q", *co],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = python_m("pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "-q", *co, cwd=ROOT, timeout=600)
     assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert co or (" skipped" in run.stdout.splitlines()[-1] and " passed" not in run.stdout.splitlines()[-1]), run.stdout[-500:]
 
@@ -330,8 +325,7 @@ def test_the_options_are_added_exactly_once_with_or_without_the_entry_point(how,
     elif how == "no-autoload":
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         extra = ["-p", "pytest_benchmark.plugin"]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "tests/test_budget_cli.py", "--co", "-q",
-                          "--report-dir", str(tmp_path), "--fault", "kv-bytes-counts-query-heads", "--help"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    run = python_m("pytest", "-p", "no:cacheprovider", *extra, "tests/test_budget_cli.py", "--co", "-q",
+                          "--report-dir", str(tmp_path), "--fault", "kv-bytes-counts-query-heads", "--help", cwd=ROOT, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert run.stdout.count("--report-dir=DIR") == 1 and run.stdout.count("chapter claims:") == 1

@@ -6,6 +6,7 @@ import statistics
 import pytest
 
 from cheapinfer import timing
+from harness import python_m
 from cheapinfer.timing import Samples
 
 
@@ -70,9 +71,8 @@ def test_an_inconclusive_claim_is_neither_green_nor_red_and_the_report_says_why(
         "    claim.verify('twin', step_ratio=1.2, step_ratio_se=0.5, cache_grows_by_one=True, logit_change_vs_no_context=1.0)\n"
     )
     reports = tmp_path / "reports"
-    run = subprocess.run([sys.executable, "-m", "pytest", str(test), "-p", "fixtures.plugin", "-p", "no:cacheprovider", "-q", "-rx",
-                          f"--report-dir={reports}", f"--rootdir={tmp_path}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    run = python_m("pytest", str(test), "-p", "fixtures.plugin", "-p", "no:cacheprovider", "-q", "-rx",
+                          f"--report-dir={reports}", f"--rootdir={tmp_path}", cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "1 xfailed" in run.stdout and "inconclusive: KV-DECODE-FLAT step_ratio" in run.stdout
     record = json.loads((reports / "run.json").read_text())

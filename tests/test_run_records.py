@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer import report
+from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_CLAIM = ["claims/test_kv_cache.py::test_kv_cache_is_12288_bytes_per_token"]
@@ -26,7 +27,7 @@ ONE_TIMED_CLAIM = ["claims/test_kv_cache.py::test_head_recompute_over_cached_gro
 
 
 def _pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return python_m("pytest", "-p", "no:cacheprovider", "-q", *args, cwd=cwd)
 
 
 def _usage_error(run: subprocess.CompletedProcess, code: int = 4) -> str:
@@ -98,7 +99,7 @@ def test_write_replaces_the_latest_and_keep_never_overwrites(tmp_path):
 
 
 def _verify(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cheapinfer", "verify", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return python_m("cheapinfer", "verify", *args, cwd=cwd)
 
 
 def test_verify_prints_no_stale_summary_after_a_usage_error(tmp_path):
@@ -205,8 +206,7 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
         "    def full(fd, data):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    report._write_all = full\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "enospc", *ONE_CLAIM, f"--report-dir={out}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    run = python_m("pytest", "-p", "no:cacheprovider", "-q", "-p", "enospc", *ONE_CLAIM, f"--report-dir={out}", cwd=ROOT, timeout=300, env=env)
     line = _usage_error(run, code=3)
     assert line == f"ERROR: cannot write this run's record in {out}: No space left on device; the latest run.json and errata.md are as they were"
     assert _unchanged(out, before)
@@ -252,8 +252,7 @@ def test_each_run_keeps_its_own_timings(tmp_path):
 
 def test_the_run_id_verify_passes_names_the_record(tmp_path):
     env = {**os.environ, report.RUN_ID_VARIABLE: "feedc0ffee42"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *ONE_CLAIM, f"--report-dir={tmp_path}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    run = python_m("pytest", "-p", "no:cacheprovider", "-q", *ONE_CLAIM, f"--report-dir={tmp_path}", cwd=ROOT, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     [kept] = (tmp_path / report.RUNS_DIR).glob("*.json")
     assert kept.name.endswith("-feedc0ffee42.json") and report.load(kept)["run"]["id"] == "feedc0ffee42"
