@@ -535,6 +535,48 @@ def tradeoff(rounds: Mapping[int, Sequence[float]]) -> Tradeoff:
     return Tradeoff(len(sizes) * (len(sizes) - 1) // 2, beyond, median)
 
 
+def weights_pass(model, batch: int, seed: int = SEED) -> Callable[[], None]:
+    """Every matrix product of one decode step, alone: each ``nn.Linear`` of ``model`` (the LM head included) applied
+    to ``batch`` rows in the model's dtype, no attention, no cache.
+
+    The probe of BAT-TRADEOFF's premise: one read of the weights serves every row, so more rows never cost less.
+    Where this pass is itself faster at ``b`` rows than at ``a < b`` (a kernel that takes a slower path for fewer
+    rows), the device cannot show whether batching improves both: the kernel does, with or without a batch."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    p = next(model.parameters())
+    g = torch.Generator().manual_seed(seed)
+    inputs = {n: torch.randn(batch, n, generator=g).to(device=p.device, dtype=p.dtype) for n in {m.in_features for m in layers}}
+
+    def run() -> None:
+        with torch.inference_mode():
+            for m in layers:
+                m(inputs[m.in_features])
+
+    return run
+
+
+@dataclass(frozen=True)
+class KernelProbe:
+    rounds: dict[int, list[float]]  # batch -> seconds of :func:`weights_pass` over the interleaved rounds
+    inverted: list[tuple[int, int]]  # pairs (a, b) of the asked ones where b's products alone are faster beyond noise
+
+    def medians_ms(self, a: int, b: int) -> str:
+        return f"{statistics.median(self.rounds[a]) * 1e3:.1f} ms at {a} rows, {statistics.median(self.rounds[b]) * 1e3:.1f} ms at {b}"
+
+
+def kernel_probe(model, pairs: Sequence[tuple[int, int]], rounds: int, device: torch.device | str = "cpu") -> KernelProbe:
+    """Time :func:`weights_pass` at the sizes of ``pairs`` (interleaved, random order, one warm-up) and name the pairs
+    where the larger size's products alone are faster beyond the rounds' noise: the same rank test as :func:`tradeoff`'s
+    (the larger size's third quartile below the smaller's first), on the products' own times."""
+    from . import timing
+
+    sizes = sorted({b for pair in pairs for b in pair})
+    samples = timing.interleaved({f"batch={b}": weights_pass(model, b) for b in sizes}, rounds=rounds, warmup=1, device=device)
+    times = {b: list(samples[f"batch={b}"].seconds) for b in sizes}
+    # The raw times of the products, not a request's latency: what a step's rows wait for is not the probe's question.
+    return KernelProbe(times, [(a, b) for a, b in pairs if quartiles(times[b])[1] < quartiles(times[a])[0]])
+
+
 def equal_steps_false_alarm(rounds: int = 5, draws: int = 20_000, noise: Callable[[random.Random], float] | None = None, seed: int = SEED) -> float:
     """The level of :func:`tradeoff`'s noise test: how often it says "b improves both" when b and a cost the same.
 

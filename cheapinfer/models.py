@@ -108,8 +108,9 @@ def serving_dtype(device: str | torch.device) -> str:
     with native bf16 matrix kernels (AVX512-BF16 or AMX, among those oneDNN is allowed to use, decided by
     :func:`cpu_bf16_native`) it is the checkpoint's own dtype, bf16 (Qwen2.5's ``torch_dtype``), as CPU
     serving stacks choose; without them bf16 and fp16 matmuls are emulated and a CPU server runs fp32.
-    On an MKL CPU fp32's matmul for 2 or 3 rows reads the weights once per row, slower than for 4
-    (BAT-TRADEOFF reports it beside the claim).
+    BAT-TRADEOFF times the step in the other dtypes beside the claim, and probes any pair of batch sizes
+    that improves both with the step's matrix products alone (a kernel faster on more rows is the device's,
+    not batching's).
     """
     if torch.device(device).type == "cuda":
         return "fp16"

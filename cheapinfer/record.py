@@ -101,6 +101,7 @@ class Recorder:
                     "why": o.check.why,
                     **({"noise": o.check.noise, "se": o.se, "bound": o.target, "sigmas": registry.NOISE_SIGMAS} if o.check.noise else {}),
                     **({"searched": True} if o.check.searched else {}),
+                    **({"measurable": True} if o.check.measurable else {}),
                 }
                 for o in judged.outcomes
             ],

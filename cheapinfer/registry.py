@@ -30,6 +30,10 @@ prints. Each claim holds:
     decides nothing: the range, not the book, ran out. A check on what was searched for (the knee's
     gains) names that search with ``when_found = "<q>"``: where it was not found there is nothing to
     judge, and the check is reported, not asserted.
+  - ``measurable = true`` on a boolean ``== true`` check: this device could measure what the claim is
+    about (its premise held in a probe independent of the measured system: a CPU kernel that is itself
+    faster on more rows cannot show whether batching does). False decides nothing: the device, not the
+    book, is the limit, and the measurement says why in ``<q>_why``.
 - ``erratum`` (optional): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
   bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
   would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
@@ -108,6 +112,7 @@ class Check:
     noise: str = ""  # shape: "rounds" or "steps" (the measurement hands <q>_se, the standard error over timing rounds or a run's steps)
     searched: bool = False  # shape, bool == true: existence searched over an affordable range; not found decides nothing
     when_found: str = ""  # the searched check whose find this check measures: asserted only where it was found
+    measurable: bool = False  # shape, bool == true: the device could measure the claim; False decides nothing (<q>_why says why)
 
     @property
     def se_key(self) -> str:
@@ -244,7 +249,10 @@ class Judgement:
         """Why the verdict is ``inconclusive``: each check the measurement could not decide, with its numbers and what to do."""
         out = []
         for o in self.undecided:
-            if o.check.searched:
+            if o.check.measurable:
+                out.append(f"{claim.id} {o.check.q}: this device cannot measure it: {measured.get(o.check.q + '_why') or 'see the measured values'}; "
+                           "measure on a device where it can")
+            elif o.check.searched:
                 ranges = "; ".join(f"{k} = {fmt(v)}" for k, v in measured.items() if "searched" in k) or "see the measured values"
                 out.append(f"{claim.id} {o.check.q}: not found in the range this device could afford ({ranges}); "
                            "search further on a device with more memory or time")
@@ -294,10 +302,12 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
             raise RegistryError(f"{claim_id}: noisy check {raw.get('q')!r} needs noise in {NOISE_KINDS}, a numeric bound and op < <= > >=")
         if raw.get("searched") and (raw["op"] != "==" or raw["bound"] is not True):
             raise RegistryError(f"{claim_id}: searched check {raw.get('q')!r} must be '== true' (found in the range searched)")
+        if raw.get("measurable") and (raw["op"] != "==" or raw["bound"] is not True or raw.get("searched")):
+            raise RegistryError(f"{claim_id}: measurable check {raw.get('q')!r} must be '== true' (this device could measure it), and not searched")
     else:
         raise RegistryError(f"{claim_id}: unknown check kind {kind!r}")
-    if kind == "digits" and ("noise" in raw or "searched" in raw or "when_found" in raw):
-        raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise, searched and when_found belong to shape checks")
+    if kind == "digits" and ("noise" in raw or "searched" in raw or "when_found" in raw or "measurable" in raw):
+        raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise, searched, when_found and measurable belong to shape checks")
     return Check(
         q=raw["q"],
         kind=kind,
@@ -310,6 +320,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         noise=raw.get("noise", ""),
         searched=bool(raw.get("searched", False)),
         when_found=str(raw.get("when_found", "")),
+        measurable=bool(raw.get("measurable", False)),
     )
 
 
@@ -465,8 +476,8 @@ def _decided(check: Check, value: Any, target: Any, passed: bool, se: float | No
     """Whether an outcome decides: a noisy check whose margin is within :data:`NOISE_SIGMAS` standard errors does
     not, nor a searched existence that was not found. A noisy check without its standard error, or without a
     finite value, decides (it fails: a measurement that did not say how noisy it is cannot be inconclusive)."""
-    if check.searched:
-        return passed or value is not False  # not found (False) in the range searched decides nothing; a missing value fails
+    if check.searched or check.measurable:
+        return passed or value is not False  # not found (False) in the range searched, or not measurable here, decides nothing; a missing value fails
     if check.noise and se is not None and _number(value) and math.isfinite(value):
         return abs(value - target) >= NOISE_SIGMAS * se
     return True
@@ -566,7 +577,7 @@ def perturb(claim: Claim, measured: Mapping[str, Any]) -> Claim:
                 bound = not m if isinstance(m, bool) else f"not {m!r}"
             else:
                 bound = _beyond(check.op, m, NOISE_SIGMAS * (_se(check, measured) or 0.0))
-            checks.append(replace(check, bound=bound, searched=False))
+            checks.append(replace(check, bound=bound, searched=False, measurable=False))
     # A perturbed claim is a demonstration of the comparator, never an erratum.
     return replace(claim, book=book, checks=tuple(checks), erratum=None)
 

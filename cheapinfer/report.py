@@ -432,14 +432,17 @@ def _inconclusive_lines(record: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     lines = ["## Inconclusive", "",
-             "Measurements that could not decide. No candidate errata: a margin within the measurement's noise, or a "
-             "search that ran out of range, says nothing about the book.", ""]
+             "Measurements that could not decide. No candidate errata: a margin within the measurement's noise, a "
+             "search that ran out of range, or a device that cannot measure the claim's premise says nothing about the book.", ""]
     for cid, r in rows:
         lines += [f"### {cid} on {r['profile']} ({r['device']})", ""]
         for chk in r.get("checks", []):
             if chk.get("decided") is not False:
                 continue
-            if chk.get("searched"):
+            if chk.get("measurable"):
+                why = r.get("measured", {}).get(f"{chk['q']}_why") or "see the measured values"
+                lines.append(f"- `{chk['q']}`: this device cannot measure it: {why}. **To do:** measure on a device where it can.")
+            elif chk.get("searched"):
                 ranges = "; ".join(f"`{k}` = {_value(v)}" for k, v in r.get("measured", {}).items() if "searched" in k) or "see the measured values"
                 lines.append(f"- `{chk['q']}`: not found in the range this device could afford ({ranges}). **To do:** search further "
                              "on a device with more memory or time.")

@@ -314,6 +314,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
 
 
 SURVEY_SIZES = (1, 2, 3, 4)  # where a BLAS may switch from one weight read per step to one per row
+KERNEL_ROUNDS = 11  # rounds of the matrix-product probe of a pair that improved both (about 0.2 s a round on 2 CPU cores)
 
 
 @pytest.mark.claim("BAT-TRADEOFF")
@@ -353,11 +354,26 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
     claim.note(
         "One read of the weights serving every row ('de weights, één keer gelezen, bedienen ze allemaal') is the premise of the trade-off: "
         "then a step over b rows costs w + b c and a larger batch never waits less. A step time that grows like b (ratio near b) means "
-        "the kernel reads the weights once per row; one that falls from 3 rows to 4 means it switches algorithm there, and then the "
-        "larger batch improves both. The claim is judged in the serving dtype; the other dtypes show what the premise costs when a kernel breaks it."
+        "the kernel reads the weights once per row; one that falls as rows are added means the kernel takes a slower path for fewer rows, "
+        "and then the larger batch improves both on the kernel's account (probed below where a pair of the serving dtype does). "
+        "The claim is judged in the serving dtype; the other dtypes are reported."
     )
+    # A pair that improved both is probed: the step's matrix products alone, at both sizes. Where they too are faster at the
+    # larger size, the kernel (not batching) explains the pair, and this device cannot measure the claim's premise.
+    probe = batching.kernel_probe(twin_factory(dtype).model, t.beyond_noise, rounds=KERNEL_ROUNDS, device=device) if t.beyond_noise else None
+    explained = probe.inverted if probe else []
+    unexplained = [pair for pair in t.beyond_noise if pair not in explained]
+    premise_why = "; ".join(f"the {dtype} matrix products of the step alone are faster at {b} rows than at {a} ({probe.medians_ms(a, b)}, "
+                            f"{KERNEL_ROUNDS} interleaved rounds, interquartile ranges apart): this kernel takes a slower path for fewer "
+                            f"rows, so batch {b} improving both over batch {a} says nothing about batching" for a, b in explained)
+    if probe:
+        claim.table(f"Pairs that improved both, probed: the step's matrix products alone ({KERNEL_ROUNDS} interleaved rounds)",
+                    ["pair", "products alone", "the kernel explains the pair"],
+                    [[f"{a} -> {b}", probe.medians_ms(a, b), "yes" if (a, b) in explained else "no"] for a, b in t.beyond_noise])
     n = len(rounds[1])
-    claim.verify("twin", **evidence.conditions(_curve_evidence[twin.name]), pairs_improving_both=len(t.beyond_noise), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
+    claim.verify("twin", **evidence.conditions(_curve_evidence[twin.name]), pairs_improving_both=len(unexplained), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
+                 pairs_improving_both_any_pair=[list(p) for p in t.beyond_noise], pairs_kernel_inverted=[list(p) for p in explained],
+                 kernel_premise_holds=not explained, kernel_premise_holds_why=premise_why,
                  rounds=n, false_alarm_per_pair=batching.equal_steps_false_alarm(rounds=n, draws=5_000),
                  pairs_improving_both_any_size=len(every.beyond_noise), pairs_compared_any_size=every.pairs, dtype=dtype,
                  other_dtypes_step_vs_batch_1=survey_ratio, other_dtypes_pairs_improving_both={d: [list(p) for p in v] for d, v in survey_pairs.items()})

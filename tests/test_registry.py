@@ -320,7 +320,34 @@ def test_a_check_measured_when_something_is_found_must_name_a_search():
     ('{q = "x", kind = "shape", op = "==", bound = 1.0, noise = "rounds", why = "w"}', "noisy check"),
     ('{q = "x", kind = "shape", op = ">", bound = 1.0, noise = "guess", why = "w"}', "noisy check"),
     ('{q = "x", kind = "shape", op = ">", bound = 1.0, searched = true, why = "w"}', "searched check"),
+    ('{q = "x", kind = "shape", op = "==", bound = 1, measurable = true, why = "w"}', "measurable check"),
+    ('{q = "x", kind = "shape", op = "==", bound = true, measurable = true, searched = true, why = "w"}', "measurable check"),
 ])
 def test_malformed_noisy_and_searched_checks_are_rejected(check, problem):
     with pytest.raises(RegistryError, match=problem):
         registry.parse(f'[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{check}]\n')
+
+
+_PREMISE = (
+    '[P]\nsection = "BAT"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    'checks = [{q = "pairs", kind = "shape", op = "==", bound = 0, why = "w"},'
+    '{q = "premise", kind = "shape", op = "==", bound = true, measurable = true, why = "w"}]\n'
+)
+
+
+@pytest.mark.parametrize(("pairs", "premise", "verdict"), [
+    (0, True, SHAPE_HOLDS),
+    (0, False, registry.INCONCLUSIVE),  # the device cannot measure the premise: decides nothing
+    (2, False, DEVIATES),               # a pair the probe does not explain fails whatever else this device cannot measure
+    (0, None, DEVIATES),                # a probe that reported nothing is a broken measurement
+])
+def test_a_premise_this_device_cannot_measure_is_inconclusive_with_its_reason(pairs, premise, verdict):
+    claim = registry.parse(_PREMISE)["P"]
+    measured = {"pairs": pairs, **({"premise": premise} if premise is not None else {}), "premise_why": "the kernel is faster at 2 rows than at 1"}
+    judged = registry.judge(claim, measured, "twin")
+    assert judged.verdict == verdict
+    if verdict == registry.INCONCLUSIVE:
+        assert "cannot measure it: the kernel is faster at 2 rows than at 1" in judged.inconclusive_messages(claim, measured)[0]
+    perturbed = registry.perturb(claim, measured)  # --perturb proves the comparator: never inconclusive there
+    if premise is not None:
+        assert registry.judge(perturbed, measured, "twin").verdict == DEVIATES

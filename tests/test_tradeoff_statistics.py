@@ -70,3 +70,18 @@ def test_a_cpu_serves_bf16_only_with_native_bf16_kernels_allowed(check, flags, c
     assert models.serving_dtype("cpu") == expected
     assert models.serving_dtype("cuda") == "fp16"
     assert models.cpu_bf16_native()[1]  # the decision says how it was made
+
+
+def test_the_kernel_probe_names_a_pair_whose_products_alone_are_faster_at_more_rows(monkeypatch):
+    """The probe of BAT-TRADEOFF's premise compares the products' own times (not a request's latency, which a fault
+    could divide by the batch): a pair is the kernel's only where the larger size is faster beyond the rounds' noise."""
+    import time
+
+    from cheapinfer import batching
+
+    cost = {1: 0.004, 2: 0.001, 4: 0.0045, 8: 0.0046}  # 2 rows faster than 1 (a slow 1-row path); 8 about as slow as 4
+    monkeypatch.setattr(batching, "weights_pass", lambda model, b: (lambda: time.sleep(cost[b])))
+    monkeypatch.setattr(batching, "request_latency", lambda step_s, batch: step_s / batch)  # must not matter here
+    probe = batching.kernel_probe(None, [(1, 2), (2, 4), (4, 8)], rounds=11)
+    assert probe.inverted == [(1, 2)]
+    assert "ms at 1 rows" in probe.medians_ms(1, 2)
