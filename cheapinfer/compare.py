@@ -243,6 +243,7 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
                 continue
             a_measured = {c["q"]: c["measured"] for c in ra.get("checks", [])}
             a_se = {c["q"]: c.get("se") for c in ra.get("checks", [])}
+            undecided = {c["q"] for r in (ra, rb) for c in r.get("checks", []) if c.get("decided") is False}
             done = set()
             for chk in rb.get("checks", []):
                 q = chk["q"]
@@ -253,12 +254,27 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
                 if form == "rel" and _shape_bound(q, b_claim) is not None:
                     change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], _shape_bound(q, b_claim), band, chk.get("asserted", True),
                                            (a_se.get(q), chk.get("se")))
-                    if change:
-                        changes.append(change)
                 elif _moved(a_measured[q], chk["measured"], form, width):
                     release = _release_bound(q, b_claim, before, after)
-                    changes.append(Change(cid, key[0], q, a_measured[q], chk["measured"], _describe(form, width), not release, release))
+                    change = Change(cid, key[0], q, a_measured[q], chk["measured"], _describe(form, width), not release, release)
+                else:
+                    change = None
+                if change and (q in undecided or _unmeasured(a_measured[q]) or _unmeasured(chk["measured"])):
+                    change.regression, change.reason = False, UNDECIDED_REASON
+                if change:
+                    changes.append(change)
     return changes
+
+
+#: Why a moved value is no regression where one run could not decide it or did not measure it: a search that
+#: ran out of range (BAT-KNEE's knee not found, its gains nan) or a margin within the noise says nothing, and the
+#: verdicts of the two runs, compared above, are what changed.
+UNDECIDED_REASON = "one run could not decide it (inconclusive) or did not measure it (nan): the verdicts tell the change"
+
+
+def _unmeasured(value: Any) -> bool:
+    """NaN as a record holds it: a quantity the run did not measure (nothing found to measure)."""
+    return (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and value.strip().lower() == "nan")
 
 
 def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:

@@ -241,3 +241,22 @@ def test_a_value_an_erratum_stands_on_may_move_with_the_release_its_erratum_appl
     assert len(across) == 1 and not across[0].regression and "applies to transformers >=5" in across[0].line()
     within = [c for c in cmp.compare(kv_api("cache", "5.24.0"), kv_api("past_key_values", "5.24.0")) if c.what == "cache_argument"]
     assert len(within) == 1 and within[0].regression
+
+
+def test_a_value_first_measured_when_a_search_succeeds_is_a_change_not_a_regression():
+    """BAT-KNEE inconclusive (no knee in range, its gains nan) in one run, found in the next: the verdicts tell the change;
+    a value that moves between two decided runs still is a regression."""
+    def knee(found: bool, gain: float, knee_batch: int, gain_16_32: float = 1.1) -> dict:
+        rec = Recorder()
+        measured = {"knee_found": found, "knee_latency_gain": gain if found else float("nan"), "knee_latency_gain_se": 0.01,
+                    "gain_before_knee": 2.0 if found else float("nan"), "gain_before_knee_se": 0.01, "knee_batch": knee_batch,
+                    "knee_rule_on_book_curve": 16, "knee_searched_up_to": 512, "knee_search_complete": True, "knee_skipped_doublings": 0,
+                    "throughput_gain_16_32": gain_16_32, "latency_gain_16_32": 1.8, "cache_grows_by_fed": True, "logit_change_vs_no_context": 1.0}
+        rec.verify("BAT-KNEE", "twin", "cpu", measured)
+        return report.build([r.to_dict() for r in rec.results], ENV, {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"BAT-KNEE": ["t.py"]})
+
+    found_later = cmp.compare(knee(False, 0, 0), knee(True, 1.7, 256))
+    assert found_later and not [c for c in found_later if c.regression], [c.line() for c in found_later]
+    assert any(c.what == "verdict" for c in found_later) and any(c.reason == cmp.UNDECIDED_REASON for c in found_later)
+    moved = [c for c in cmp.compare(knee(True, 1.7, 256), knee(True, 1.7, 256, gain_16_32=2.0)) if c.what == "throughput_gain_16_32"]
+    assert moved and moved[0].regression
