@@ -259,9 +259,15 @@ class Judgement:
             else:
                 margin = abs(o.measured - o.target) / o.se if o.se else math.inf
                 out.append(f"{claim.id} {o.check.q}: measured {fmt(o.measured)} +- {fmt(o.se)} ({NOISE_WORDS[o.check.noise]}), "
-                           f"expected {o.check.describe(claim.book)}: the margin is {math.floor(margin * 100) / 100:.2f} standard errors, fewer than the "
+                           f"expected {o.check.describe(claim.book)}: the margin is {margin_text(margin)} standard errors, fewer than the "
                            f"{NOISE_SIGMAS:g} needed to decide; measure on a quieter machine or with more rounds")
         return out
+
+
+def margin_text(margin: float) -> str:
+    """A margin in standard errors as the reports print it: truncated to two decimals (2.997 is not "3.0", which
+    would read as enough to decide)."""
+    return f"{math.floor(margin * 100) / 100:.2f}" if math.isfinite(margin) else str(margin)
 
 
 def fmt(value: Any) -> str:

@@ -10,7 +10,6 @@ of the record (no clock, no registry, no machine), so a checked-in record pins t
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 import tempfile
@@ -449,7 +448,7 @@ def _inconclusive_lines(record: dict[str, Any]) -> list[str]:
             else:
                 se, m, bound = chk.get("se"), chk.get("measured"), chk.get("bound")
                 numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (se, m, bound))
-                margin = f"{math.floor(abs(m - bound) / se * 100) / 100:.2f}" if numbers and se else "?"  # truncated: 2.997 is not "3.0"
+                margin = registry.margin_text(abs(m - bound) / se) if numbers and se else "?"
                 lines.append(f"- `{chk['q']}`: measured {_value(m)} ± {_value(se)} ({_noise_words(chk)}); expected "
                              f"`{chk['expected']}`: the margin is {margin} standard errors, fewer than the {_value(chk.get('sigmas'))} needed "
                              "to decide. **To do:** run on a quieter machine, or with more rounds.")
