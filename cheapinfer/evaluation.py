@@ -115,6 +115,35 @@ def library_perplexity(model, ids: torch.Tensor, window: int = WINDOW) -> float:
     return math.exp(float(loss))
 
 
+def ln_ppl_bound(model, ids: torch.Tensor, window: int = WINDOW) -> float:
+    """How far two fp32 evaluations of the windows' mean log-likelihood may differ: 2 (B + L).
+
+    B: the first-order probable bound of the model's rounding (:func:`cheapinfer.rounding.first_order_bound`
+    at fp32) for the mean over the windows' predictions, evaluated in an fp32 copy
+    (:func:`cheapinfer.rounding.bound_copy`). L: each path's loss in fp32, per token a log-sum-exp over V
+    logits (max-subtraction, exp, V - 1 sums, log, the target's difference: V + 4 roundings of at most u of
+    the token's NLL scale, 1 + |NLL|) and the mean's N - 1 sums, independent across tokens:
+    LAMBDA u sqrt((V + 4) / N + N / N^2) (1 + mean NLL).
+
+    The windows' roundings are disjoint independent sets, so the squares add: B = sqrt(sum_w B_w^2) / W; each
+    window is bounded by itself (memory).
+    """
+    from . import rounding
+
+    n = ids.numel() - 1
+    if n % window:
+        raise ValueError(f"{n} predicted tokens is not a multiple of the window {window}")
+    windows, targets = ids[:-1].reshape(-1, window), ids[1:].reshape(-1, window)  # [W, L]: the suite's inputs
+    copy32, fp32 = rounding.bound_copy(model), rounding.Precision.of(torch.float32)
+    per_window = [rounding.first_order_bound(copy32, windows[w : w + 1], lambda z, w=w: F.cross_entropy(z[0], targets[w].to(z.device)), fp32)
+                  for w in range(len(windows))]
+    b = math.sqrt(sum(x.probable**2 for x in per_window)) / len(windows)
+    nll = sum(x.value for x in per_window) / len(windows)
+    v, u = model.config.vocab_size, rounding.unit_roundoff(torch.float32)
+    loss = rounding.LAMBDA * u * math.sqrt((v + 4) / n + 1 / n) * (1 + nll)
+    return 2 * (b + loss)
+
+
 # ------------------------------------------------------------------------------------------------
 # battery
 # ------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evalu
     )
     ref = table["reference"]
     library = evaluation.library_perplexity(profile.model, table.corpus_ids)
-    bound = _ln_ppl_bound(profile.model, table.corpus_ids)
+    bound = evaluation.ln_ppl_bound(profile.model, table.corpus_ids)
     claim.note(f"perplexity against transformers' own loss: |ln ratio| {abs(math.log(ref.ppl / library)):.3g}, its first-order rounding bound {bound:.3g}")
     claim.verify(
         profile.name,
@@ -193,29 +193,6 @@ def test_agreement_orders_schemes_like_perplexity(claim, profile, evaluation_tab
         agreement={s: table[s].agree for s in schemes},
         positions=table["reference"].positions,
     )
-
-
-def _ln_ppl_bound(model, ids: torch.Tensor) -> float:
-    """How far two fp32 evaluations of the windows' mean log-likelihood may differ: 2 (B + L).
-
-    B: the first-order probable bound of the model's rounding (:func:`cheapinfer.rounding.first_order_bound`,
-    fp32) for the mean over the windows' predictions, computed in float64. L: each path's loss in
-    fp32, per token a log-sum-exp over V logits (max-subtraction, exp, V - 1 sums, log, the target's
-    difference: V + 4 roundings of at most u of the token's NLL scale, 1 + |NLL|) and the mean's
-    N - 1 sums, independent across tokens: LAMBDA u sqrt((V + 4) / N + N / N^2) (1 + mean NLL).
-    """
-    windows = ids[:-1].reshape(evaluation.WINDOWS, evaluation.WINDOW)  # [W, L]: the suite's inputs
-    targets = ids[1:].reshape(evaluation.WINDOWS, evaluation.WINDOW)
-    model64, fp32 = rounding.float64_copy(model), rounding.Precision.of(torch.float32)
-    # one window at a time (memory): the mean over W windows is their mean, and the windows' roundings are
-    # disjoint independent sets, so the squares add: B = sqrt(sum_w B_w^2) / W
-    per_window = [rounding.first_order_bound(model64, windows[w : w + 1], lambda z, w=w: torch.nn.functional.cross_entropy(z[0], targets[w].to(z.device)), fp32)
-                  for w in range(len(windows))]
-    b = math.sqrt(sum(x.probable**2 for x in per_window)) / len(windows)
-    nll = sum(x.value for x in per_window) / len(windows)
-    n, v, u = targets.numel(), model.config.vocab_size, rounding.unit_roundoff(torch.float32)
-    loss = rounding.LAMBDA * u * math.sqrt((v + 4) / n + 1 / n) * (1 + nll)
-    return 2 * (b + loss)
 
 
 def _self_disagreements(model, continuations) -> list[str]:

@@ -218,10 +218,10 @@ def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(
 @pytest.mark.parametrize("option", ["--report-dir", "--corpus", "--book-model", "--fault"])
 def test_an_empty_option_value_is_a_usage_error_not_the_default(option, tmp_path):
     """``--fault ''`` used to run green with no fault injected: an empty value is never the default."""
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_budget_cli.py", "-q", f"{option}="]
+    args = ["-p", "no:cacheprovider", "tests/test_budget_cli.py", "-q", f"{option}="]
     if option != "--report-dir":
-        cmd.append(f"--report-dir={tmp_path}")
-    line = _one_line(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300), 4)
+        args.append(f"--report-dir={tmp_path}")
+    line = _one_line(python_m("pytest", *args, cwd=ROOT), 4)
     assert line == f"ERROR: {option}: the value is empty (leave the option out for its default)"
     assert not list(tmp_path.iterdir())
 

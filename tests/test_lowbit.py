@@ -102,7 +102,7 @@ class _EveryProjection:
         return hook
 
 
-@pytest.mark.slow  # the kernel's fp32 path is a scalar loop, and the bound a float64 forward and backward: about 100 s on 2 cores
+@pytest.mark.slow  # the kernel's fp32 path is a scalar loop, and the bound an fp32 forward and backward
 def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stand_in, corpus_text, quantized_variant, record_property):
     """The stand-in's projections as int8-row codes through torch's int8 kernel compute the suite's fake-quantized int8-row.
 
@@ -136,7 +136,7 @@ def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stan
     projections = _EveryProjection(real, weights, torch.float32)
     nll_fake, nll_real = _nll64(fake, ids), _nll64(real, ids, projections.hooks)
     assert projections.checked == len(weights) and projections.worst <= 1, f"fp32: a projection's error is {projections.worst:.3g} x its a-priori bound"
-    bound = rounding.first_order_bound(rounding.float64_copy(fake), ids[None, :-1], lambda z: F.cross_entropy(z[0], ids[1:]),
+    bound = rounding.first_order_bound(rounding.bound_copy(fake), ids[None, :-1], lambda z: F.cross_entropy(z[0], ids[1:]),
                                        rounding.Precision.of(torch.float32, product_roundings=1))
     record_property("fp32 perplexity kernel / fake - 1", math.exp(nll_real - nll_fake) - 1)
     record_property("fp32 first-order bound 2B of |ln ratio|", 2 * bound.probable)

@@ -18,6 +18,7 @@ import pytest
 
 from cheapinfer import matrix, registry, report
 from cheapinfer.record import Recorder
+from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"cpu": "Example CPU", "gpu": "none", "torch": "2.13.0", "transformers": "5.24.0", "bitsandbytes": "0.50.2"}
@@ -369,8 +370,8 @@ def _is_busy(pid: int) -> bool:
 @pytest.mark.slow
 def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path):
     """One fast clocked claim under the AVX2 cap and under the machine's own kernels: 47 s on 2 cores at load 9, over a minute when busier."""
-    run = subprocess.run([sys.executable, "-m", "cheapinfer", "verify", "--isa-matrix", "--claims", "KV-HEAD-TIMING", "--families", "avx2,default",
-                          "--report-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = python_m("cheapinfer", "verify", "--isa-matrix", "--claims", "KV-HEAD-TIMING", "--families", "avx2,default",
+                   "--report-dir", str(tmp_path), cwd=ROOT, timeout=900)
     m = json.loads((tmp_path / "isa" / "matrix.json").read_text())
     assert run.returncode == (1 if m["flips"] else 0), run.stdout[-3000:] + run.stderr[-3000:]
     assert list(m["claims"]) == ["KV-HEAD-TIMING"] and list(m["families"]) == ["avx2", "default"]

@@ -331,7 +331,10 @@ def test_ctrl_c_during_verify_keeps_what_was_measured_and_replaces_nothing(tmp_p
     # Two tests: Ctrl-C comes once the first has passed (its dot is printed), during the second (a few seconds).
     cmd = [sys.executable, "-m", "cheapinfer", "verify", "--report-dir", str(out),
            "-k", "test_kv_cache_is_12288_bytes_per_token or test_head_recompute_over_cached_grows_with_n"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    # As from a terminal: Ctrl-C at its default. A run started from a background job inherits SIGINT ignored, and
+    # verify then (rightly) leaves Ctrl-C to its child.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = b""
     deadline = time.monotonic() + 240
     while b"." not in seen and time.monotonic() < deadline:
