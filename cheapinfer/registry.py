@@ -37,7 +37,8 @@ prints. Each claim holds:
 - ``erratum`` (optional): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
   bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
   would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
-  and the ``profiles`` where it is confirmed. An erratum about a library's API says in ``applies`` on which
+  and the ``profiles`` where it is confirmed, with its ``grade`` (:data:`GRADES`: what kind of fault in the
+  text it is). An erratum about a library's API says in ``applies`` on which
   releases it holds (``{ transformers = ">=5" }``, PEP 440 specifiers); elsewhere the claim is judged
   without it.
 
@@ -65,6 +66,16 @@ else:  # pragma: no cover - Python 3.10
 REPRODUCED = "reproduced"
 SHAPE_HOLDS = "shape holds"
 ERRATUM = "erratum"
+
+#: The grades of a confirmed erratum, the kind of fault in the text an editor would name (the report counts each):
+GRADES = {
+    "erratum": "a printed number that does not follow from the chapter's stated inputs, or fails on measurement",
+    "inconsistency": "printed numbers that contradict each other (sums, totals, a value quoted differently in two places, "
+                     "a statement a later section contradicts)",
+    "listing defect": "a listing that does not run as printed, warns, or does something other than what the text says",
+    "imprecision": "rounding against truncation, mixed units, a round number that overshoots the data",
+    "translation": "the two translations differ in substance",
+}
 DEVIATES = "deviates"
 NOT_RUN = "not run"
 NO_TEST = "no test yet"
@@ -161,6 +172,7 @@ class Erratum:
     fails: tuple[str, ...]  # the digits checks (by quantity) documented to fail
     stands_on: tuple[str, ...]  # the printed book values the erratum rests on
     profiles: tuple[str, ...]  # where it is confirmed; elsewhere (the book profile) a failure stays `deviates`
+    grade: str = "erratum"  # one of GRADES
     reader: str = ""  # what a reader should do instead (e.g. the replacement call)
     applies: Mapping[str, str] = field(default_factory=dict)  # library -> PEP 440 specifier of the releases it holds on ({}: all)
 
@@ -345,9 +357,11 @@ def _source_from(claim_id: str, key: str, raw: Any) -> Source:
 
 
 def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ...], source: Mapping[str, Source]) -> Erratum:
-    for key in ("says", "holds", "assumption", "fails", "stands_on", "profiles"):
+    for key in ("says", "holds", "assumption", "fails", "stands_on", "profiles", "grade"):
         if not raw.get(key):
             raise RegistryError(f"{claim_id}: erratum needs {key!r}")
+    if raw["grade"] not in GRADES:
+        raise RegistryError(f"{claim_id}: erratum grade {raw['grade']!r} is none of {', '.join(GRADES)}")
     digits = {c.q for c in checks if c.kind == "digits"}
     unknown = set(raw["fails"]) - digits
     if unknown:
@@ -370,7 +384,7 @@ def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ..
             raise RegistryError(f"{claim_id}: erratum applies to {library} {spec!r}, which is no version specifier") from None
     return Erratum(
         says=raw["says"], holds=raw["holds"], assumption=raw["assumption"], fails=tuple(raw["fails"]),
-        stands_on=tuple(raw["stands_on"]), profiles=tuple(raw["profiles"]), reader=raw.get("reader", ""), applies=dict(applies),
+        stands_on=tuple(raw["stands_on"]), profiles=tuple(raw["profiles"]), grade=raw["grade"], reader=raw.get("reader", ""), applies=dict(applies),
     )
 
 

@@ -63,7 +63,7 @@ def _erratum_spec(e: registry.Erratum | None) -> dict[str, Any] | None:
     if e is None:
         return None
     spec = {"says": e.says, "holds": e.holds, "assumption": e.assumption, "fails": list(e.fails),
-            "stands_on": list(e.stands_on), "profiles": list(e.profiles), "reader": e.reader}
+            "stands_on": list(e.stands_on), "profiles": list(e.profiles), "grade": e.grade, "reader": e.reader}
     if e.applies:
         spec["applies"] = dict(e.applies)
     return spec
@@ -379,13 +379,18 @@ def _confirmed_lines(record: dict[str, Any]) -> list[str]:
         "## Errata",
         "",
         "Confirmed errata: the registry documents each one, the suite measured it again in this run, and the book's "
-        "digits failed exactly as documented. They keep CI green; the day the digits reproduce, the claim turns red.",
+        "digits failed exactly as documented. They keep CI green; the day the digits reproduce, the claim turns red. "
+        "Each has a grade: " + "; ".join(f"*{g}*, {d}" for g, d in registry.GRADES.items()) + ".",
+        "",
+        "| grade | errata |",
+        "|---|---|",
+        *(f"| {g} | {sum(1 for _, c, _ in found if c['erratum'].get('grade', 'erratum') == g)} |" for g in registry.GRADES),
         "",
     ]
     for cid, c, rs in found:
         e = c["erratum"]
         units = c.get("units", {})
-        lines += [f"### {cid}", "", f"> {c['statement']}", ""]
+        lines += [f"### {cid} ({e.get('grade', 'erratum')})", "", f"> {c['statement']}", ""]
         stands = "; ".join(f"`{k}` = {_with_unit(c['book'][k], units.get(k))} ({_printed(c, k) or 'no source'})" for k in e["stands_on"])
         lines.append(f"- **The book says:** {e['says']} It stands on: {stands}.")
         lines.append(f"- **What holds instead:** {e['holds']}")

@@ -175,6 +175,7 @@ _ERRATUM = (
     'checks = [{q = "speedup", form = "rel", tol = 0.1, why = "w"}, {q = "other", form = "rel", tol = 0.1, why = "w"},'
     '{q = "r", kind = "shape", op = ">", bound = 1.0, why = "w"}]\n'
     '[E.erratum]\nsays = "1.6x"\nholds = "2.8x"\nassumption = "a"\nfails = ["speedup"]\nstands_on = ["speedup"]\nprofiles = ["twin"]\n'
+    'grade = "erratum"\n'
 )
 
 
@@ -230,6 +231,13 @@ def test_an_erratum_about_an_api_holds_only_on_the_releases_it_names(transformer
     assert judged.verdict == verdict
     printed = registry.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
     assert printed.verdict == (DEVIATES if verdict == registry.ERRATUM else registry.REPRODUCED)
+
+
+@pytest.mark.parametrize("grade, message", [(None, "erratum needs 'grade'"), ("typo", "grade 'typo' is none of")])
+def test_an_erratum_without_a_known_grade_is_rejected(grade, message):
+    text = _ERRATUM.replace('grade = "erratum"\n', "" if grade is None else f'grade = "{grade}"\n')
+    with pytest.raises(RegistryError, match=message):
+        registry.parse(text)
 
 
 def test_an_erratum_range_that_is_no_version_specifier_is_rejected():
