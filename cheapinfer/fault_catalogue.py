@@ -860,10 +860,28 @@ def _spec_greedy_keeps_draft_token():
 
 
 @fault(
+    "spec-greedy-drops-target-token",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-ALPHA", "SPEC-SLOWDOWN"),
+    what="after accepted proposals the greedy loop drops the target's own token (the correction or the bonus) and lets the next pass find it again: the emitted tokens stay the target's, each pass keeps one token fewer",
+)
+def _spec_greedy_drops_target_token():
+    real = speculative.accept_greedy
+
+    def drops(proposals, target_choice):
+        n, kept = real(proposals, target_choice)
+        return (n, kept[:-1]) if n > 0 else (n, kept)
+
+    with patched(speculative, "accept_greedy", drops):
+        yield
+
+
+@fault(
     "spec-expected-off-by-one",
     section="SPEC",
     kind=CONSTANT,
-    targets=("SPEC-EXPECTED", "SPEC-SPEEDUP"),
+    targets=("SPEC-EXPECTED", "SPEC-SPEEDUP", "SPEC-SLOWDOWN"),
     what="the expected tokens per pass sum gamma terms, (1 - a^gamma) / (1 - a), forgetting the target's own token",
 )
 def _spec_expected_off_by_one():

@@ -143,6 +143,8 @@ class Run:
     evaluated: int = 0  # proposals compared with the target's choice on the target's prefix
     accepted: int = 0  # proposals kept
     kept_per_pass: list[int] = field(default_factory=list)
+    accepted_per_pass: list[int] = field(default_factory=list)
+    ended_at_eos: bool = False
     evidence: dict[str, dict] = field(default_factory=dict)  # cache use of the target's and the draft's passes (generate_traced)
 
     @property
@@ -162,6 +164,32 @@ def accept_greedy(proposals: Sequence[int], target_choice: Sequence[int]) -> tup
     while n < len(proposals) and proposals[n] == target_choice[n]:
         n += 1
     return n, list(proposals[:n]) + [int(target_choice[n])]
+
+
+def passes_keep_one_target_token(run: Run) -> bool:
+    """Whether every verification pass of ``run`` kept its accepted proposals plus exactly one token of the target's
+    own (the correction at the first mismatch, or the bonus after the last proposal): that token is what a pass buys
+    even when the draft is wrong, and what makes E(alpha, gamma) count gamma + 1 terms. Only a run that stopped at
+    EOS may have cut its last pass short. A loop that drops the target's token and lets the next pass find it again
+    still emits the target's tokens, at one token per pass fewer: False."""
+    passes = list(zip(run.kept_per_pass, run.accepted_per_pass))
+    if not passes or len(passes) != run.target_passes:
+        return False
+    *before, (kept, accepted) = passes
+    return all(k == a + 1 for k, a in before) and (kept == accepted + 1 or (run.ended_at_eos and kept <= accepted + 1))
+
+
+def rule_expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens kept per pass by the loop's own rule (:func:`accept_greedy`), exactly: the first mismatch at
+    proposal k (0 <= k < gamma) with probability alpha^k (1 - alpha), none with alpha^gamma, each outcome's kept
+    tokens counted by the rule itself. A second computation of :func:`expected_tokens`, independent of its algebra."""
+    proposals = list(range(1, gamma + 1))
+    total = 0.0
+    for k in range(gamma + 1):
+        p = alpha**k * (1 - alpha) if k < gamma else alpha**gamma
+        choice = proposals[:k] + [0] * (gamma + 1 - k)  # the target agrees with the first k proposals, then not (0 is none of them)
+        total += p * len(accept_greedy(proposals, choice)[1])
+    return total
 
 
 def acceptance_rate(runs: Sequence[Run]) -> float:
@@ -228,11 +256,13 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
                 kept = kept[: i + 1]
                 break
         run.kept_per_pass.append(len(kept))
+        run.accepted_per_pass.append(n)
         seq.extend(kept)
         _crop_to(t_cache, len(seq) - 1)
         if d_cache is not None:
             _crop_to(d_cache, len(seq) - 1)
         if kept[-1] in eos:
+            run.ended_at_eos = True
             break
     run.tokens = seq[start:]
     return run

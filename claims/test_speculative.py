@@ -175,6 +175,7 @@ def test_low_acceptance_makes_generation_slower(claim):
     claim.verify(
         "arithmetic",
         kept_tokens=spec.expected_tokens(alpha, gamma),
+        kept_tokens_minus_rule=abs(spec.expected_tokens(alpha, gamma) - spec.rule_expected_tokens(alpha, gamma)),
         speedup=spec.speedup(alpha, gamma, c),
         kept_tokens_simulated=float(simulated.mean()),
         forward_passes=gamma + 1,
@@ -233,6 +234,7 @@ def test_acceptance_rate_is_the_agreement_column(claim, profile, reference_conti
         positions=sum(len(c.tokens) for c in conts),
         alpha_int8_row=alpha["int8-row"],
         max_alpha_gap=max(abs(alpha[d] - agree[d]) for d in DRAFTS),
+        every_pass_keeps_one_target_token=all(spec.passes_keep_one_target_token(r) for d in DRAFTS for r in runs[d]),
         alpha=alpha,
         agreement=agree,
     )
