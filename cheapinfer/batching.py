@@ -205,6 +205,20 @@ def doublings(rounds: Mapping[int, Sequence[float]]) -> list[Doubling]:
     ]
 
 
+def request_latency_gain(rounds: Mapping[int, Sequence[float]], small: int):
+    """The latency gain of ``small -> 2 small`` as a request sees it (:func:`request_latency` of each size), from
+    step times timed side by side (``rounds[b]``: batch b's step times, round by round): a
+    :class:`cheapinfer.timing.Estimate`, its value from the medians and its standard error from the rounds."""
+    from .timing import Samples, estimates
+
+    samples = {str(b): Samples(str(b), list(v)) for b, v in rounds.items() if b in (small, 2 * small)}
+
+    def gain(t: Mapping[str, float]) -> dict[str, float]:
+        return {"latency_gain": request_latency(t[str(2 * small)], 2 * small) / request_latency(t[str(small)], small)}
+
+    return estimates(samples, gain)["latency_gain"]
+
+
 def _steepest(found: Sequence[Doubling]) -> int | None:
     """Index of the doubling with the largest throughput gain (by its median)."""
     return max(range(len(found)), key=lambda i: found[i].gain) if found else None

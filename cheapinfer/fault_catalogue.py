@@ -314,7 +314,7 @@ def _batch_decoded_serially():
     "latency-per-token",
     section="BAT",
     kind=STATISTIC,
-    targets=("BAT-1-TO-16", "BAT-TRADEOFF"),
+    targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF"),
     what="per-request latency is computed as the step time divided by the batch size (the time per generated token), not the step every request of the batch waits for",
 )
 def _latency_per_token():
