@@ -84,15 +84,20 @@ AGREEMENT_PROMPTS = (
 # ------------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def perplexity(model, ids: torch.Tensor, window: int = WINDOW) -> float:
-    """Token-level perplexity of ``ids`` (``[n + 1]``, n a multiple of ``window``) in one forward pass."""
+def _windows(ids: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The suite's windows of ``ids`` (``[n + 1]``, n a multiple of ``window``): the inputs ``[W, window]`` and their
+    targets ``[W, window]`` (token t+1 of each window)."""
     n = ids.numel() - 1
     if n % window:
         raise ValueError(f"{n} predicted tokens is not a multiple of the window {window}")
+    return ids[:-1].reshape(-1, window), ids[1:].reshape(-1, window)
+
+
+@torch.no_grad()
+def perplexity(model, ids: torch.Tensor, window: int = WINDOW) -> float:
+    """Token-level perplexity of ``ids`` (``[n + 1]``, n a multiple of ``window``) in one forward pass."""
     device = next(model.parameters()).device
-    inputs = ids[:-1].reshape(-1, window).to(device)  # [W, window]
-    targets = ids[1:].reshape(-1, window).to(device)  # [W, window]: token t+1 of each window
+    inputs, targets = (x.to(device) for x in _windows(ids, window))
     logits = model(input_ids=inputs, use_cache=False).logits  # [W, window, V]
     nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="mean")
     return math.exp(nll.item())
@@ -130,10 +135,8 @@ def ln_ppl_bound(model, ids: torch.Tensor, window: int = WINDOW) -> float:
     """
     from . import rounding
 
-    n = ids.numel() - 1
-    if n % window:
-        raise ValueError(f"{n} predicted tokens is not a multiple of the window {window}")
-    windows, targets = ids[:-1].reshape(-1, window), ids[1:].reshape(-1, window)  # [W, L]: the suite's inputs
+    windows, targets = _windows(ids, window)  # the windows perplexity() evaluates
+    n = targets.numel()
     copy32, fp32 = rounding.bound_copy(model), rounding.Precision.of(torch.float32)
     per_window = [rounding.first_order_bound(copy32, windows[w : w + 1], lambda z, w=w: F.cross_entropy(z[0], targets[w].to(z.device)), fp32)
                   for w in range(len(windows))]

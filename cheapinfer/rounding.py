@@ -288,8 +288,7 @@ class _Sites:
 
 def float64_copy(model):
     """A float64 copy of ``model`` (its weights as the lower-precision model holds them, exactly), for reference forwards."""
-    with torch.inference_mode(False):  # ordinary tensors, so that a bound can differentiate through them
-        return copy.deepcopy(model).to(F64).eval().requires_grad_(False)
+    return bound_copy(model, F64)
 
 
 def bound_copy(model, dtype: torch.dtype = torch.float32):
@@ -302,7 +301,7 @@ def bound_copy(model, dtype: torch.dtype = torch.float32):
     must be exact in ``dtype`` (an fp32 or lower-precision model in fp32: they are)."""
     if torch.finfo(dtype).bits < max(torch.finfo(p.dtype).bits for p in model.parameters() if p.dtype.is_floating_point):
         raise ValueError(f"a {dtype} copy of a model with wider weights would round them")
-    with torch.inference_mode(False):
+    with torch.inference_mode(False):  # ordinary tensors, so that a bound can differentiate through them
         return copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
 
 
