@@ -55,6 +55,7 @@ GREEN = _PASSING
 
 #: Kernel levels, lowest first, as the probe reads them from each library.
 SCALAR, AVX2, AVX512, AVX512_BF16, AMX = "scalar", "AVX2", "AVX-512", "AVX-512 BF16", "AMX"
+LEVELS = (SCALAR, AVX2, AVX512, AVX512_BF16, AMX)
 #: The libraries whose kernels a cap selects: what each runs in the suite.
 LIBRARIES = {
     "aten": "ATen",  # torch's own vectorised kernels: attention, reductions, elementwise, the low-bit packs
@@ -181,20 +182,27 @@ def ran(found: dict[str, Any]) -> dict[str, str | None]:
     return {"aten": level(found.get("aten")), "onednn": level(found.get("onednn_isa")), "mkl": level(found.get("mkl_isa"))}
 
 
-def cap_check(family: Family, found: dict[str, Any], run_env: dict[str, Any] | None = None) -> dict[str, Any]:
+def cap_check(family: Family, found: dict[str, Any], run_env: dict[str, Any] | None = None,
+              own: dict[str, Any] | None = None) -> dict[str, Any]:
     """Did ``family``'s caps take effect? ``in_effect``: True, False (a cap that did nothing, or could not be
     seen to work: not trusted), or None (no cap: the machine's own kernels); ``ran``: library -> level;
     ``text``: one line. ``run_env``: the environment of the claims run itself, whose ``cpu_capability`` is ATen's
-    in that process."""
+    in that process. ``own``: the probe without a cap. A library whose words name no level, capped and uncapped
+    alike (MKL on a CPU it does not dispatch by ISA prints "Intel(R) Architecture processors"), cannot be seen to
+    obey its cap: the column is not trusted, and the text says why."""
     if "error" in found:
         return {"in_effect": False if family.expect else None, "ran": {}, "text": found["error"]}
     levels = ran(found)
+    own_levels = ran(own) if own and "error" not in own else {}
     wrong, notes = [], []
     for lib, want in family.expect.items():
         if not found.get("has", {}).get(lib, True):
             notes.append(f"{LIBRARIES[lib]} is not in this torch build")
         elif levels[lib] is None:
             wrong.append(f"{LIBRARIES[lib]} printed nothing to tell which kernels ran")
+        elif levels[lib] not in LEVELS:
+            same = " (the same without a cap)" if own_levels.get(lib) == levels[lib] else ""
+            wrong.append(f"{LIBRARIES[lib]} names no ISA level on this CPU ({levels[lib]!r}{same}): whether it obeyed its cap cannot be seen")
         elif levels[lib] != want:
             wrong.append(f"{LIBRARIES[lib]} ran {levels[lib]}, not {want}")
     if run_env and run_env.get("cpu_capability") and "aten" in family.expect and level(run_env["cpu_capability"]) != family.expect["aten"]:
@@ -517,7 +525,7 @@ def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command
         got = _claims_run(command, run, report_dir / name, claims, env)
         records[name] = got["record"]
         info.update(record=got["path"], exit_status=got["exit_status"], seconds=got["seconds"])
-        info["cap"] = cap_check(fam, found, (got["record"] or {}).get("environment"))
+        info["cap"] = cap_check(fam, found, (got["record"] or {}).get("environment"), own)
         info["ran_environment"] = {k: (got["record"] or {}).get("environment", {}).get(k) for k in ("cpu_capability", "cpu_isa_caps")}
         echo(f"cheapinfer verify --isa-matrix: {name}: {info['cap']['text']}")
     tab = table(records, claims, unavailable)
@@ -669,7 +677,7 @@ def isa_main(claims: list[str], families: list[str], report_dir: Path, command: 
         for line in map(flip_line, m["flips"]):
             print(line)
         for n in untrusted:
-            print(f"WARNING: {n}: the cap did not take effect as asked; its column is not a {n} CPU's verdicts")
+            print(f"WARNING: {n}: the cap was not seen to take effect (its line above says why); its column is not trusted as an {n} CPU's verdicts")
         for n in norecord:
             print(f"NO RECORD: {n}: its claims run wrote no record (pytest exit {m['families'][n]['exit_status']})")
         ran_families = [n for n, f in m["families"].items() if not f.get("unavailable")]

@@ -220,6 +220,15 @@ def test_a_cap_that_did_nothing_is_reported_not_trusted():
     assert matrix.cap_check(matrix.FAMILIES["default"], matrix.parse_probe(PROBE_AVX2))["in_effect"] is None
 
 
+def test_an_mkl_that_names_no_isa_capped_or_not_leaves_the_cap_untrusted_and_says_why():
+    """MKL on an AMD CPU prints "Intel(R) Architecture processors" with and without MKL_ENABLE_INSTRUCTIONS."""
+    generic = PROBE_AVX2.replace("Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors", "Intel(R) Architecture processors")
+    found = matrix.parse_probe(generic)
+    check = matrix.cap_check(matrix.FAMILIES["avx2"], found, own=found)
+    assert check["in_effect"] is False
+    assert "MKL names no ISA level on this CPU ('Intel(R) Architecture processors' (the same without a cap))" in check["text"]
+
+
 def test_a_family_this_cpu_lacks_is_not_available_here():
     found = matrix.parse_probe(PROBE_AVX2)  # avx512_bf16: false
     assert matrix.available(matrix.FAMILIES["avx512"], found) is None
@@ -377,7 +386,12 @@ def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path):
     assert list(m["claims"]) == ["KV-HEAD-TIMING"] and list(m["families"]) == ["avx2", "default"]
     avx2 = m["families"]["avx2"]
     if "unavailable" not in avx2:
-        assert avx2["cap"]["in_effect"] is True and avx2["ran_environment"]["cpu_capability"] == "AVX2"
+        assert avx2["ran_environment"]["cpu_capability"] == "AVX2"
+        if matrix.level(avx2["probe"]["mkl_isa"]) in matrix.LEVELS:
+            assert avx2["cap"]["in_effect"] is True
+        else:  # an MKL that names no level (a non-Intel CPU): the cap cannot be seen, the column is flagged
+            assert avx2["cap"]["in_effect"] is False and "MKL names no ISA level" in avx2["cap"]["text"]
+            assert "WARNING: avx2: the cap was not seen to take effect" in run.stdout
         assert report.load(tmp_path / "isa" / "avx2")["environment"]["cpu_isa_caps"].startswith("ONEDNN_MAX_CPU_ISA=AVX2")
     assert m["families"]["default"]["ran_environment"]["cpu_isa_caps"] == "none"
     assert (tmp_path / "isa" / "matrix.md").read_text().splitlines()[0] == matrix.MATRIX_MARK
