@@ -366,6 +366,14 @@ def agreement(model, continuations: Sequence[Continuation]) -> tuple[int, int]:
 
 
 @dataclass
+class CrossCheck:
+    """The reference's perplexity from transformers' shifted loss, and the bound of two fp32 evaluations (:func:`ln_ppl_bound`)."""
+
+    library_ppl: float
+    ln_bound: float
+
+
+@dataclass
 class Row:
     scheme: str
     ppl: float
@@ -406,6 +414,7 @@ class Table:
         self.tokens = corpus_ids.numel() - 1  # predicted tokens behind each perplexity
         self.seconds: dict[str, float] = {}
         self._rows: dict[str, Row] = {}
+        self._cross_check: CrossCheck | None = None
 
     def __getitem__(self, scheme: str) -> Row:
         if scheme not in self.schemes:
@@ -425,14 +434,29 @@ class Table:
                 self.release(scheme)
         return self._rows[scheme]
 
+    @property
+    def cross_check(self) -> "CrossCheck":
+        """The reference's perplexity through transformers' own loss and the rounding bound of the two (built on first use)."""
+        if self._cross_check is None:
+            import time
+
+            t0 = time.perf_counter()
+            self._cross_check = CrossCheck(library_perplexity(self.reference, self.corpus_ids), ln_ppl_bound(self.reference, self.corpus_ids))
+            self.seconds["cross-check"] = time.perf_counter() - t0
+        return self._cross_check
+
     def fill(self, device: torch.device | str, workers: int | None = None) -> "Table":
-        """Build every missing row, ``workers`` at a time on a CPU (:func:`cheapinfer.device.map_untimed`).
+        """Build every missing row and the cross-check, ``workers`` at a time on a CPU
+        (:func:`cheapinfer.device.map_untimed`), the cross-check (the longest) first.
 
         A row's numbers do not depend on what runs beside it; its ``seconds`` then do, and are only reported.
         """
         from .device import map_untimed
 
-        map_untimed(self.__getitem__, [s for s in self.schemes if s not in self._rows], device, workers)
+        tasks = [s for s in self.schemes if s not in self._rows]
+        if self._cross_check is None:
+            tasks.insert(0, None)
+        map_untimed(lambda s: self.cross_check if s is None else self[s], tasks, device, workers)
         return self
 
     @property
