@@ -611,6 +611,22 @@ def _out_layer_zero():
 
 
 @fault(
+    "out-gap-counts-bin-distance",
+    section="OUT",
+    kind=RULE,
+    targets=("OUT-HISTOGRAM",),
+    what="the empty octaves between the bulk and the outlier are counted as the distance between their two bins (4 for bins 7 and 11), not the empty bins between them (3)",
+)
+def _out_gap_off_by_one():
+    def distance(counts):
+        full = [i for i, c in enumerate(counts) if c]
+        return max((b - a for a, b in zip(full, full[1:]) if b - a > 1), default=0)
+
+    with patched(outliers, "empty_octaves_between", distance):
+        yield
+
+
+@fault(
     "out-int8-scale-ignores-outlier",
     section="OUT",
     kind=STATISTIC,

@@ -15,7 +15,9 @@ prints. Each claim holds:
   "more than ten times"; ``one_of``, for a printed set such as "two or three"); a *shape* check compares a
   measured value with a ``bound`` (``op`` = ``>``, ``>=``, ``<``, ``<=``, ``==``) and holds on every profile.
   Every check says ``why`` its tolerance is what it is. A check may carry ``requires = "cuda"``:
-  then it is asserted only on a CUDA device and reported elsewhere. Two kinds of shape check can leave
+  then it is asserted only on a CUDA device and reported elsewhere. A check may carry ``profiles``: then
+  it is judged on those of the claim's profiles only (the book checked against itself on ``arithmetic``,
+  from its own printed numbers, beside the measurement of a model). Two kinds of shape check can leave
   a claim *inconclusive* instead of failing it (:func:`judge`):
 
   - ``noise = "rounds"``: a quantity read from timing rounds. The measurement hands ``<q>`` with its
@@ -124,6 +126,10 @@ class Check:
     searched: bool = False  # shape, bool == true: existence searched over an affordable range; not found decides nothing
     when_found: str = ""  # the searched check whose find this check measures: asserted only where it was found
     measurable: bool = False  # shape, bool == true: the device could measure the claim; False decides nothing (<q>_why says why)
+    profiles: tuple[str, ...] = ()  # judged only on these of the claim's profiles (none: on every one)
+
+    def judged_on(self, profile: str) -> bool:
+        return not self.profiles or profile in self.profiles
 
     @property
     def se_key(self) -> str:
@@ -339,6 +345,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         searched=bool(raw.get("searched", False)),
         when_found=str(raw.get("when_found", "")),
         measurable=bool(raw.get("measurable", False)),
+        profiles=tuple(raw.get("profiles", ())),
     )
 
 
@@ -406,6 +413,9 @@ def parse(text: str) -> dict[str, Claim]:
             raise RegistryError(f"{claim_id}: source names no book value: {sorted(unknown)}")
         source = {k: _source_from(claim_id, k, v) for k, v in raw.get("source", {}).items()}
         checks = tuple(_check_from(claim_id, c, book) for c in raw.get("checks", ()))
+        for c in checks:
+            if set(c.profiles) - set(runs_on):
+                raise RegistryError(f"{claim_id}: check {c.q!r} names profiles the claim does not run on: {sorted(set(c.profiles) - set(runs_on))}")
         searched = {c.q for c in checks if c.searched}
         for c in checks:
             if c.when_found and c.when_found not in searched:
@@ -524,6 +534,8 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
     digits_here = profile in claim.digits_on
     erratum = claim.erratum if claim.erratum and profile in claim.erratum.profiles and claim.erratum.applies_to(versions) else None
     for check in claim.checks:
+        if not check.judged_on(profile):
+            continue
         target = check.bound if check.kind == "shape" else claim.book[check.q]
         asserted = check.kind == "shape" or digits_here
         if check.requires == "cuda" and not device.startswith("cuda"):

@@ -47,6 +47,8 @@ def _check_spec(check: registry.Check) -> dict[str, Any]:
             spec["op"] = check.op
     if check.requires:
         spec["requires"] = check.requires
+    if check.profiles:
+        spec["profiles"] = list(check.profiles)
     return spec
 
 

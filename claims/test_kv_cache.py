@@ -222,7 +222,8 @@ def test_7b_cache_at_128k_tokens_exceeds_the_weights(claim):
     claim.table("7B class at a context of 128,000 tokens, fp16", ["quantity", "B", "GiB", "decimal GB"],
                 [["weights (7e9 x 2 B)", f"{weights:,}", f"{weights / kv.GIB:.2f}", f"{weights / 1e9:.2f}"],
                  ["one user's cache", f"{cache_128k:,}", f"{cache_128k / kv.GIB:.2f}", f"{cache_128k / 1e9:.2f}"]])
-    claim.verify("arithmetic", bytes_per_token=per_token, weights_gb=weights / kv.GIB, cache_gib_128k=cache_128k / kv.GIB,
+    claim.verify("arithmetic", bytes_per_token=per_token, weights_gb=weights / 1e9, weights_gib=weights / kv.GIB, kb_per_token=per_token / 1e3,
+                 kib_per_token=per_token / 1024, cache_gib_128k=cache_128k / kv.GIB,
                  cache_exceeds_weights=cache_128k > weights, formula_matches_tensors=formula == per_token)
 
 

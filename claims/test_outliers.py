@@ -81,10 +81,17 @@ def test_the_outlier_dimension_persists_from_layer_4_to_20(claim, profile, resid
 
 
 @pytest.mark.claim("OUT-HISTOGRAM")
-@on_profiles("stand-in", "book")
-def test_layer_16_maxima_leave_empty_octaves_below_one_outlier(claim, profile, residual_streams):
+@on_profiles("arithmetic", "stand-in", "book")
+def test_layer_16_maxima_leave_empty_octaves_below_one_outlier(claim, profile, request):
     """OUT-HISTOGRAM: "layer 16: 254, 283, 226, 93, 18, 9, 7, 5, 0, 0, 0, 1" (octave bins of per-dimension max |h|)."""
-    _, stats = residual_streams(profile)
+    if profile is None:  # the book against itself: its printed bins against its '896 maxima', 'Negenhonderd' and 'drie octaven'
+        book = registry.get("OUT-HISTOGRAM").book
+        bins = [(float(k.split("_")[1]), float(k.split("_")[2]), book[k]) for k in book if k.startswith("n_")]
+        counts = [c for _, _, c in bins]
+        claim.verify(request.node.callspec.params["profile"], dimensions=sum(counts), under_8=sum(c for _, hi, c in bins if hi <= 8),
+                     empty_octaves=outliers.empty_octaves_between(counts), bins=",".join(map(str, counts)))
+        return
+    _, stats = request.getfixturevalue("residual_streams")(profile)
     layer = _layer(profile, outliers.BOOK_HIST_LAYER)
     dim_max = stats.per_layer_dim_max[layer]  # [H]
     edges = outliers.octave_edges(float(dim_max.max()))

@@ -75,7 +75,7 @@ def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
         if check.kind == "digits" and not set(claim.digits_on) & set(claim.runs_on):
             continue
         alone = registry.perturb(registry.Claim(**{**claim.__dict__, "checks": (check,)}), measured)
-        profile = next(p for p in claim.runs_on if check.kind == "shape" or p in claim.digits_on)
+        profile = next(p for p in claim.runs_on if check.judged_on(p) and (check.kind == "shape" or p in claim.digits_on))
         assert registry.judge(alone, measured, profile, "cuda").verdict == DEVIATES, f"{claim.id}/{check.q} cannot fail"
 
 
@@ -102,8 +102,10 @@ def test_tolerances_are_finite_and_explained():
         ('[X]\nsection = "KV"\nstatement = "s"\nbook = {}\nchecks = [{q = "b", kind = "shape", op = "~", bound = 1, why = "w"}]', "op in"),
         ('[X]\nsection = "NOPE"\nstatement = "s"', "section"),
         ('[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["laptop"]', "unknown profile"),
+        ('[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 1}\nruns_on = ["book"]\nchecks = [{q = "a", form = "exact", why = "w", profiles = ["arithmetic"]}]',
+         "names profiles the claim does not run on"),
     ],
-    ids=["no-reason", "no-tolerance", "unknown-value", "unknown-op", "unknown-section", "unknown-profile"],
+    ids=["no-reason", "no-tolerance", "unknown-value", "unknown-op", "unknown-section", "unknown-profile", "check-off-the-claims-profiles"],
 )
 def test_malformed_registry_entries_are_rejected(entry, problem):
     with pytest.raises(RegistryError, match=problem):
@@ -119,6 +121,18 @@ def test_digits_are_reported_not_asserted_off_their_profiles():
     assert registry.judge(claim, {"a": 50.0, "r": 2.0}, "book").verdict == DEVIATES
     assert registry.judge(claim, {"a": 10.5, "r": 2.0}, "book").verdict == REPRODUCED
     assert registry.judge(claim, {"a": 10.5}, "book").verdict == DEVIATES, "a missing measured value fails its check"
+
+
+def test_a_check_with_profiles_is_judged_only_there():
+    """The book against itself (arithmetic, from its printed numbers) beside a model's measurement of the same claim."""
+    claim = registry.parse(
+        '[X]\nsection = "OUT"\nstatement = "s"\nbook = {total = 896, n = 100}\nruns_on = ["arithmetic", "book"]\n'
+        'digits_on = ["arithmetic", "book"]\nchecks = [{q = "total", form = "exact", why = "w"}, '
+        '{q = "n", form = "exact", why = "w", profiles = ["book"]}]'
+    )["X"]
+    assert registry.judge(claim, {"total": 896}, "arithmetic").verdict == REPRODUCED, "n is not judged on arithmetic"
+    assert registry.judge(claim, {"total": 896}, "book").verdict == DEVIATES, "n is judged on the book, and missing"
+    assert [o.check.q for o in registry.judge(claim, {"total": 856}, "arithmetic").outcomes] == ["total"]
 
 
 # ------------------------------------------------------------------------------------------------
