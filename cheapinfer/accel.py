@@ -172,6 +172,14 @@ def copy_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") 
     return (lambda: dst.copy_(src)), 2 * src.numel() * 4
 
 
+def read_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:
+    """A read-only stream of ``nbytes`` (a sum over them) and the bytes it reads: the fastest a step can stream its
+    weights on this device at this thread count, the upper limit beside :func:`copy_callable`'s lower reference.
+    One CPU thread may read faster than it copies (a copy also writes, and may allocate its lines first)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    return (lambda: src.sum()), src.numel() * 4
+
+
 # ------------------------------------------------------------------------------------------------
 # attention kernel
 # ------------------------------------------------------------------------------------------------

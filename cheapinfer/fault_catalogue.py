@@ -80,6 +80,30 @@ def _kv_bytes_query_heads():
 
 
 @fault(
+    "kv-decode-step-replays-first",
+    section="KV",
+    kind=RULE,
+    targets=("KV-DECODE-MEMBOUND",),
+    what="the repeatable decode step runs its forward once and replays that result on every later call (a step function cached by its arguments), so the clock times no forward",
+)
+def _kv_decode_step_replays():
+    real = kv.decode_step
+
+    def replaying(model, cache, context):
+        step, done = real(model, cache, context), []
+
+        def once():
+            if not done:
+                done.append(step())
+            return done[0]
+
+        return once
+
+    with patched(kv, "decode_step", replaying):
+        yield
+
+
+@fault(
     "kv-decode-ignores-cache",
     section="KV",
     kind=DISABLED,
@@ -566,6 +590,31 @@ def _q_count_biases():
     pattern = re.compile(r"\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.")
 
     with patched(quant, "_PROJ", pattern):
+        yield
+
+
+@fault(
+    "q-row-scales-from-transposed-view",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ROW-3.4",),
+    what="per-row scales are taken from the rows of the transposed weight's memory viewed as [out, in] (W.T.reshape(out, in)): each row's scale is the largest |w| of other weights, along the wrong axis",
+)
+def _q_row_scales_transposed():
+    real = quant._normalise
+
+    def wrong_axis(w, s, scale_dtype):
+        if s.granularity != "row":
+            return real(w, s, scale_dtype)
+        out, inp = w.shape
+        absmax = w.t().reshape(out, inp).abs().amax(dim=1, keepdim=True)
+        scales = (absmax / (1.0 if s.kind == "nf4" else float(s.qmax))).to(scale_dtype)
+        stored = scales.to(torch.float32).unsqueeze(-1)
+        blocks = w.unsqueeze(1)
+        x = torch.where(stored > 0, blocks / torch.where(stored > 0, stored, torch.ones_like(stored)), torch.zeros_like(blocks))
+        return x, scales, inp
+
+    with patched(quant, "_normalise", wrong_axis):
         yield
 
 

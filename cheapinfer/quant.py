@@ -310,6 +310,32 @@ def fake_quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | 
     return w_hat.reshape(out, padded)[:, :inp].reshape(weight.shape).to(weight.dtype)
 
 
+def extremes_kept(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None) -> float:
+    """The fraction of ``scheme``'s regions (the tensor, each row, each group) whose largest |w| survives
+    :func:`fake_quantize` to the rounding of its stored scale.
+
+    Absmax quantization maps a region's largest |w| to the top code (x = absmax / fl(absmax / top) is top
+    within the scale's relative rounding u_s, far from a rounding boundary), and top x fl(absmax / top) gives
+    it back within u_s and three fp32 roundings. A property of the format that holds in every region, on any
+    weights; a scale computed over other weights than its region's keeps it only by coincidence."""
+    s = parse_scheme(scheme)
+    w = _as_matrix(weight).detach().to(torch.float32)
+    w_hat = fake_quantize(w, scheme, scale_dtype)
+    out, inp = w.shape
+
+    def regions(t: torch.Tensor) -> torch.Tensor:
+        if s.granularity == "group":
+            padded = -(-inp // s.group) * s.group
+            return torch.nn.functional.pad(t, (0, padded - inp)).reshape(out, padded // s.group, s.group)
+        return t.unsqueeze(1) if s.granularity == "row" else t.reshape(1, 1, -1)
+
+    a = regions(w).abs()
+    at = a.argmax(dim=-1, keepdim=True)
+    top, got = a.gather(-1, at), regions(w_hat).abs().gather(-1, at)
+    tol = (torch.finfo(scale_dtype or SCALE_DTYPE).eps / 2 + 3 * 2.0**-24) * top
+    return float(((got - top).abs() <= tol).float().mean())
+
+
 _PROJ = re.compile(r"\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight$")
 
 

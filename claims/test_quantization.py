@@ -207,8 +207,12 @@ def test_per_row_scales_divide_int4_error_by_3_4(claim, profile, error_tables):
     """Q-ROW-3.4: "per output row divides the error by 3.4; per group of 128 divides it again"."""
     rows, _ = _error_rows(profile, error_tables, ("int4-tensor", "int4-row", "int4-g128"))
     tensor, row, g128 = (rows[s].mean for s in ("int4-tensor", "int4-row", "int4-g128"))
+    weights = quant.projection_weights(profile.model)
+    kept = {s: min(quant.extremes_kept(w, s) for w in weights.values()) for s in ("int4-row", "int4-g128")}
     claim.verify(
         profile.name,
+        row_absmax_kept=kept["int4-row"],
+        g128_absmax_kept=kept["int4-g128"],
         tensor_over_row=tensor / row,
         row_over_g128=row / g128,
         gap_recovered=1 - g128 / tensor,
