@@ -601,20 +601,14 @@ def _q_count_biases():
     what="per-row scales are taken from the rows of the transposed weight's memory viewed as [out, in] (W.T.reshape(out, in)): each row's scale is the largest |w| of other weights, along the wrong axis",
 )
 def _q_row_scales_transposed():
-    real = quant._normalise
+    real = quant._region_absmax
 
-    def wrong_axis(w, s, scale_dtype):
+    def wrong_axis(w, s, blocks):
         if s.granularity != "row":
-            return real(w, s, scale_dtype)
-        out, inp = w.shape
-        absmax = w.t().reshape(out, inp).abs().amax(dim=1, keepdim=True)
-        scales = (absmax / (1.0 if s.kind == "nf4" else float(s.qmax))).to(scale_dtype)
-        stored = scales.to(torch.float32).unsqueeze(-1)
-        blocks = w.unsqueeze(1)
-        x = torch.where(stored > 0, blocks / torch.where(stored > 0, stored, torch.ones_like(stored)), torch.zeros_like(blocks))
-        return x, scales, inp
+            return real(w, s, blocks)
+        return w.t().reshape(w.shape).abs().amax(dim=1, keepdim=True)
 
-    with patched(quant, "_normalise", wrong_axis):
+    with patched(quant, "_region_absmax", wrong_axis):
         yield
 
 

@@ -236,23 +236,28 @@ def _as_matrix(weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
+def _regions(w: torch.Tensor, s: Scheme) -> tuple[torch.Tensor, int]:
+    """``w`` ``[out, in]`` as the scheme's regions, ``[out | 1, blocks | 1, block]``, and the input dimension
+    padded to whole groups (zero padding: it never raises a group's absmax)."""
+    out, inp = w.shape
+    if s.granularity == "group":
+        padded = -(-inp // s.group) * s.group
+        if padded != inp:
+            w = torch.nn.functional.pad(w, (0, padded - inp))
+        return w.reshape(out, padded // s.group, s.group), padded
+    return (w.unsqueeze(1) if s.granularity == "row" else w.reshape(1, 1, -1)), inp
+
+
+def _region_absmax(w: torch.Tensor, s: Scheme, blocks: torch.Tensor) -> torch.Tensor:
+    """The largest |w| of each region (``blocks`` from :func:`_regions`), ``[out | 1, blocks | 1]``."""
+    return blocks.abs().amax(dim=-1)
+
+
 def _normalise(w: torch.Tensor, s: Scheme, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``(x, scales, padded)``: ``x = w / scale`` per block ``[out, blocks, block]``, the stored scales
     ``[out | 1, blocks | 1]`` in ``scale_dtype``, and the input dimension padded to whole groups."""
-    out, inp = w.shape
-    padded = inp
-    if s.granularity == "group":
-        padded = -(-inp // s.group) * s.group
-        if padded != inp:  # zero padding: it never raises a group's absmax
-            w = torch.nn.functional.pad(w, (0, padded - inp))
-        blocks = w.reshape(out, padded // s.group, s.group)  # [out, groups, g]
-        absmax = blocks.abs().amax(dim=-1)  # [out, groups]
-    elif s.granularity == "row":
-        blocks = w.unsqueeze(1)  # [out, 1, in]
-        absmax = w.abs().amax(dim=1, keepdim=True)  # [out, 1]
-    else:
-        blocks = w.reshape(1, 1, -1)
-        absmax = w.abs().amax().reshape(1, 1)
+    blocks, padded = _regions(w, s)
+    absmax = _region_absmax(w, s, blocks)
     top = 1.0 if s.kind == "nf4" else float(s.qmax)
     scales = (absmax / top).to(scale_dtype)  # stored
     stored = scales.to(torch.float32).unsqueeze(-1)  # [., ., 1]
@@ -321,17 +326,9 @@ def extremes_kept(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | 
     s = parse_scheme(scheme)
     w = _as_matrix(weight).detach().to(torch.float32)
     w_hat = fake_quantize(w, scheme, scale_dtype)
-    out, inp = w.shape
-
-    def regions(t: torch.Tensor) -> torch.Tensor:
-        if s.granularity == "group":
-            padded = -(-inp // s.group) * s.group
-            return torch.nn.functional.pad(t, (0, padded - inp)).reshape(out, padded // s.group, s.group)
-        return t.unsqueeze(1) if s.granularity == "row" else t.reshape(1, 1, -1)
-
-    a = regions(w).abs()
+    a = _regions(w, s)[0].abs()
     at = a.argmax(dim=-1, keepdim=True)
-    top, got = a.gather(-1, at), regions(w_hat).abs().gather(-1, at)
+    top, got = a.gather(-1, at), _regions(w_hat, s)[0].abs().gather(-1, at)
     tol = (torch.finfo(scale_dtype or SCALE_DTYPE).eps / 2 + 3 * 2.0**-24) * top
     return float(((got - top).abs() <= tol).float().mean())
 
