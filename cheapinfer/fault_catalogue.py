@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from . import asides, batching, budget, distill, evaluation, hf, kv, lowbit, outliers, paging, quant, speculative
+from . import asides, batching, budget, distill, evaluation, formats, hf, kv, lowbit, outliers, paging, quant, speculative
 from .faults import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa: F401
 
 # ------------------------------------------------------------------------------------------------
@@ -609,6 +609,43 @@ def _q_row_scales_transposed():
         return w.t().reshape(w.shape).abs().amax(dim=1, keepdim=True)
 
     with patched(quant, "_region_absmax", wrong_axis):
+        yield
+
+
+@fault(
+    "formats-bnb-absmax-in-16-bits",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-NF4",),
+    what="the NF4 storage is measured on a QuantState whose fp32 absmax was cast to fp16 (the chapter's 16-bit assumption) before it is counted and written: the library's own layout is no longer what is measured",
+)
+def _formats_bnb_absmax_16():
+    real = formats._bnb_state
+
+    def half_absmax(w, double_quant):
+        codes, qs = real(w, double_quant)
+        if qs.state2 is None:
+            qs.absmax = qs.absmax.half()
+        return codes, qs
+
+    with patched(formats, "_bnb_state", half_absmax):
+        yield
+
+
+@fault(
+    "formats-bnb-count-misses-absmax",
+    section="Q",
+    kind=RULE,
+    targets=("Q-NF4",),
+    what="the count of the bytes bitsandbytes holds leaves out the absmax of each block (codes and code books only)",
+)
+def _formats_bnb_count_misses_absmax():
+    real = formats._bnb_parts
+
+    def codes_only(w, double_quant):
+        return {k: v for k, v in real(w, double_quant).items() if k != "absmax"}
+
+    with patched(formats, "_bnb_parts", codes_only):
         yield
 
 
