@@ -343,8 +343,9 @@ def aligned_guesses(pred_row: torch.Tensor, continuation: Continuation) -> torch
 
 
 @torch.no_grad()
-def agreement(model, continuations: Sequence[Continuation]) -> tuple[int, int]:
-    """(positions where ``model``'s argmax equals the reference token, positions) in one forward pass."""
+def agreement_by_position(model, continuations: Sequence[Continuation]) -> list[list[bool]]:
+    """Per continuation, per position: whether ``model``'s argmax at the reference's own context is the
+    reference's token (identical context: one teacher-forced forward pass over every continuation)."""
     rows = [c.prompt + c.tokens for c in continuations]
     length = max(len(r) for r in rows)
     ids = torch.zeros((len(rows), length), dtype=torch.long)  # right padding: causal attention never looks ahead
@@ -352,12 +353,13 @@ def agreement(model, continuations: Sequence[Continuation]) -> tuple[int, int]:
         ids[i, : len(r)] = torch.tensor(r)
     device = next(model.parameters()).device
     pred = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [B, L]: guess for position t+1
-    hits = total = 0
-    for i, c in enumerate(continuations):
-        guess = aligned_guesses(pred[i], c)
-        hits += int((guess == torch.tensor(c.tokens)).sum())
-        total += len(c.tokens)
-    return hits, total
+    return [(aligned_guesses(pred[i], c) == torch.tensor(c.tokens)).tolist() for i, c in enumerate(continuations)]
+
+
+def agreement(model, continuations: Sequence[Continuation]) -> tuple[int, int]:
+    """(positions where ``model``'s argmax equals the reference token, positions) in one forward pass."""
+    matches = agreement_by_position(model, continuations)
+    return sum(map(sum, matches)), sum(map(len, matches))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -381,6 +383,7 @@ class Row:
     battery_no_penalty: BatteryResult
     agree: int
     positions: int
+    matches: tuple[tuple[bool, ...], ...] = ()  # per continuation, per position (agreement_by_position)
 
     @property
     def agreement(self) -> float:
@@ -427,8 +430,8 @@ class Table:
             ppl = perplexity(model, self.corpus_ids)
             stock = battery(model, self.tokenizer)
             off = battery(model, self.tokenizer, repetition_penalty=1.0) if stock.repetition_penalty != 1.0 else stock
-            hits, total = agreement(model, self.continuations)
-            self._rows[scheme] = Row(scheme, ppl, stock, off, hits, total)
+            matches = tuple(tuple(m) for m in agreement_by_position(model, self.continuations))
+            self._rows[scheme] = Row(scheme, ppl, stock, off, sum(map(sum, matches)), sum(map(len, matches)), matches)
             self.seconds[scheme] = time.perf_counter() - t0
             if self.release is not None:
                 self.release(scheme)

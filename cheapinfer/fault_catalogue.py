@@ -799,6 +799,21 @@ def _eval_agreement_off_by_one():
 
 
 @fault(
+    "eval-agreement-free-running",
+    section="EVAL",
+    kind=RULE,
+    targets=("EVAL-AGREEMENT",),
+    what="agreement compares each scheme's own greedy continuation of the prompt with the reference's tokens, instead of its guess at the reference's context: once a scheme leaves the reference's path, every later position is judged on another text",
+)
+def _eval_agreement_free_running():
+    def free_running(model, continuations):
+        return [[g == t for g, t in zip(evaluation.greedy(model, c.prompt, len(c.tokens)), c.tokens)] for c in continuations]
+
+    with patched(evaluation, "agreement_by_position", free_running):
+        yield
+
+
+@fault(
     "eval-mcnemar-counts-ties",
     section="EVAL",
     kind=STATISTIC,

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from cheapinfer import evaluation, registry, rounding
+from cheapinfer import evaluation, independence, registry, rounding
 from fixtures.plugin import on_profiles
 
 INT4 = ("int4-tensor", "int4-row", "int4-g128", "nf4")
@@ -184,8 +184,23 @@ def test_agreement_orders_schemes_like_perplexity(claim, profile, evaluation_tab
     judged = _self_disagreements(profile.model, table.continuations)
     claim.note("The reference teacher-forced on its own greedy tokens chose every one again." if not judged else
                "Where the reference teacher-forced on its own greedy tokens chose another: " + "; ".join(judged))
+    outcomes = {s: table[s].matches for s in schemes if s != "reference"}
+    serial = independence.serial_dependence([seq for seqs in outcomes.values() for seq in seqs])
+    clustered = {s: independence.design_effect(seqs) for s, seqs in outcomes.items()}
+    claim.table("Are the positions independent? Per scheme: disagreements per prompt, and the intra-prompt correlation (ANOVA) with its design effect",
+                ["scheme", "disagreements per prompt", "intra-prompt correlation", "design effect", "effective positions"],
+                [[s, " / ".join(str(sum(not x for x in seq)) for seq in outcomes[s]), f"{d.icc:+.3f}", f"{d.design_effect:.2f}", f"{d.effective_n:.0f}"]
+                 for s, d in clustered.items()])
+    claim.note(f"Serial dependence: {serial.observed} adjacent positions both disagree over the {len(outcomes)} quantized schemes' prompts, "
+               f"{serial.expected:.1f} expected if each prompt's outcomes were in random order; permutation p = {serial.p:.3g} "
+               f"({serial.rounds:,} seeded shuffles, one-sided, level {independence.LEVEL}). Clustering by prompt is reported only: three prompts "
+               "cannot estimate it well.")
     claim.verify(
         profile.name,
+        adjacent_disagreements_p=serial.p,
+        adjacent_disagreements=serial.observed,
+        adjacent_disagreements_expected=serial.expected,
+        smallest_effective_positions=min(d.effective_n for d in clustered.values()),
         self_disagreements_beyond_rounding=sum("DIFFER" in j for j in judged),
         reference_self_agreement=table["reference"].agreement,
         discordant_pairs=evaluation.discordant_pairs(table, schemes, min_ppl_gap=0.05),
