@@ -36,7 +36,7 @@ prints. Each claim holds:
     about (its premise held in a probe independent of the measured system: a CPU kernel that is itself
     faster on more rows cannot show whether batching does). False decides nothing: the device, not the
     book, is the limit, and the measurement says why in ``<q>_why``.
-- ``erratum`` (optional): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
+- ``erratum`` (optional; ``[[ID.erratum]]`` for several, each with its own grade and failing checks): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
   bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
   would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
   and the ``profiles`` where it is confirmed, with its ``grade`` (:data:`GRADES`: what kind of fault in the
@@ -210,7 +210,16 @@ class Claim:
     checks: tuple[Check, ...]
     note: str = ""
     source: Mapping[str, Source] = field(default_factory=dict)
-    erratum: Erratum | None = None
+    errata: tuple[Erratum, ...] = ()  # each documents its own failing checks, with its own grade
+
+    @property
+    def erratum(self) -> Erratum | None:
+        """The first of :attr:`errata` (the record keeps it under ``erratum`` for readers of older records)."""
+        return self.errata[0] if self.errata else None
+
+    def errata_on(self, profile: str, versions: Mapping[str, str] | None = None) -> tuple[Erratum, ...]:
+        """The errata confirmed on ``profile`` that hold for these library versions."""
+        return tuple(e for e in self.errata if profile in e.profiles and e.applies_to(versions))
 
     def with_book(self, **values: Any) -> "Claim":
         return replace(self, book={**self.book, **values})
@@ -395,6 +404,16 @@ def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ..
     )
 
 
+def _errata_from(claim_id: str, raw: Mapping[str, Any] | list, checks: tuple[Check, ...], source: Mapping[str, Source]) -> tuple[Erratum, ...]:
+    """``[ID.erratum]`` (one) or ``[[ID.erratum]]`` (several, each with its own grade); no check documented by two."""
+    errata = tuple(_erratum_from(claim_id, r, checks, source) for r in ([raw] if isinstance(raw, Mapping) else raw))
+    fails = [q for e in errata for q in e.fails]
+    twice = sorted({q for q in fails if fails.count(q) > 1})
+    if twice:
+        raise RegistryError(f"{claim_id}: {twice} documented as failing by more than one erratum")
+    return errata
+
+
 def parse(text: str) -> dict[str, Claim]:
     data = tomllib.loads(text)
     claims = {}
@@ -431,7 +450,7 @@ def parse(text: str) -> dict[str, Claim]:
             checks=checks,
             note=raw.get("note", ""),
             source=source,
-            erratum=_erratum_from(claim_id, raw["erratum"], checks, source) if "erratum" in raw else None,
+            errata=_errata_from(claim_id, raw.get("erratum", ()), checks, source),
         )
     return claims
 
@@ -532,7 +551,7 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
     """
     outcomes = []
     digits_here = profile in claim.digits_on
-    erratum = claim.erratum if claim.erratum and profile in claim.erratum.profiles and claim.erratum.applies_to(versions) else None
+    documents = {q for e in claim.errata_on(profile, versions) for q in e.fails}
     for check in claim.checks:
         if not check.judged_on(profile):
             continue
@@ -543,7 +562,7 @@ def judge(claim: Claim, measured: Mapping[str, Any], profile: str, device: str =
         if check.when_found and measured.get(check.when_found) is False:  # nothing found to measure: reported only
             asserted = False
         value = measured.get(check.q)
-        documented = bool(erratum) and asserted and check.kind == "digits" and check.q in erratum.fails
+        documented = asserted and check.kind == "digits" and check.q in documents
         passed = _passes(check, value, target)
         se = _se(check, measured)
         outcomes.append(Outcome(check, value, target, passed, asserted, documented, _decided(check, value, target, passed, se), se))
@@ -611,7 +630,7 @@ def perturb(claim: Claim, measured: Mapping[str, Any]) -> Claim:
                 bound = _beyond(check.op, m, NOISE_SIGMAS * (_se(check, measured) or 0.0))
             checks.append(replace(check, bound=bound, searched=False, measurable=False))
     # A perturbed claim is a demonstration of the comparator, never an erratum.
-    return replace(claim, book=book, checks=tuple(checks), erratum=None)
+    return replace(claim, book=book, checks=tuple(checks), errata=())
 
 
 def _beyond(op: str, m: float, noise: float = 0.0) -> float:

@@ -92,7 +92,8 @@ def build(
             "book": dict(claim.book),
             "source": {k: _source_spec(v) for k, v in claim.source.items()},
             "units": dict(claim.units),
-            "erratum": _erratum_spec(claim.erratum),
+            "erratum": _erratum_spec(claim.erratum),  # the first of errata, as records before several per claim had it
+            "errata": [_erratum_spec(e) for e in claim.errata],
             "faults": list((faults or {}).get(claim_id, [])),
             "note": claim.note,
             "has_test": claim_id in tested,
@@ -354,13 +355,21 @@ def candidate_errata(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: e["perturbed"])
 
 
-def confirmed_errata(record: dict[str, Any]) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
-    """(claim ID, claim, results with verdict erratum) for every claim whose documented erratum held in this run."""
+def errata_of(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    """A recorded claim's errata (``errata``; older records hold one, under ``erratum``)."""
+    return list(claim["errata"]) if "errata" in claim else ([claim["erratum"]] if claim.get("erratum") else [])
+
+
+def confirmed_errata(record: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any], list[dict[str, Any]]]]:
+    """(claim ID, claim, erratum, results) for every documented erratum that held in this run: the results
+    with verdict erratum on one of its profiles, where a check it documents failed as documented."""
     out = []
     for cid, c in record["claims"].items():
-        rs = [r for r in c.get("results", []) if r["verdict"] == ERRATUM]
-        if rs and c.get("erratum"):
-            out.append((cid, c, rs))
+        for e in errata_of(c):
+            rs = [r for r in c.get("results", []) if r["verdict"] == ERRATUM and r["profile"] in e["profiles"]
+                  and any(chk.get("documented") and chk["q"] in e["fails"] for chk in r.get("checks", []))]
+            if rs:
+                out.append((cid, c, e, rs))
     return out
 
 
@@ -386,11 +395,10 @@ def _confirmed_lines(record: dict[str, Any]) -> list[str]:
         "",
         "| grade | errata |",
         "|---|---|",
-        *(f"| {g} | {sum(1 for _, c, _ in found if c['erratum'].get('grade', 'erratum') == g)} |" for g in registry.GRADES),
+        *(f"| {g} | {sum(1 for _, _, e, _ in found if e.get('grade', 'erratum') == g)} |" for g in registry.GRADES),
         "",
     ]
-    for cid, c, rs in found:
-        e = c["erratum"]
+    for cid, c, e, rs in found:
         units = c.get("units", {})
         lines += [f"### {cid} ({e.get('grade', 'erratum')})", "", f"> {c['statement']}", ""]
         stands = "; ".join(f"`{k}` = {_with_unit(c['book'][k], units.get(k))} ({_printed(c, k) or 'no source'})" for k in e["stands_on"])
@@ -405,7 +413,7 @@ def _confirmed_lines(record: dict[str, Any]) -> list[str]:
             lines.append(f"- **Holds on:** {on}; on other releases the book's digits are asserted.")
         for r in rs:
             for chk in r.get("checks", []):
-                if chk.get("documented"):
+                if chk.get("documented") and chk["q"] in e["fails"]:
                     lines.append(f"- **Evidence** ({r['profile']}, {r['device']}): `{chk['q']}` measured {_value(chk['measured'])}, the book's `{chk['expected']}` fails ({chk['why']}).")
             others = [f"`{chk['q']}` {_value(chk['measured'])}" for chk in r.get("checks", []) if not chk.get("documented") and chk["asserted"]]
             if others:

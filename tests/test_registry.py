@@ -61,7 +61,7 @@ def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
     registry's value moves beyond its tolerance (STYLE habit 9)."""
     assert claim.checks, f"{claim.id} has a test but no checks: its verdict could never be 'deviates'"
     # a confirmed erratum documents its digits as failing; here the comparator is proved on the plain checks
-    claim = replace(claim, erratum=None)
+    claim = replace(claim, errata=())
     # the book's own values first: where a shape check names the same quantity, the book must satisfy it too
     measured = {c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "digits"}
     measured.update({c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "shape" and c.q not in measured})
@@ -210,6 +210,27 @@ def test_a_confirmed_erratum_does_not_hide_another_failure():
     claim = registry.parse(_ERRATUM)["E"]
     assert registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 0.5}, "twin").verdict == DEVIATES
     assert registry.judge(claim, {"speedup": 2.8, "other": 5.0, "r": 2.0}, "twin").verdict == DEVIATES
+
+
+_TWO_ERRATA = _ERRATUM.replace("[E.erratum]", "[[E.erratum]]") + (
+    '[[E.erratum]]\nsays = "2.0"\nholds = "2.5"\nassumption = "b"\nfails = ["other"]\nstands_on = ["speedup"]\nprofiles = ["twin"]\n'
+    'grade = "translation"\n'
+)
+
+
+def test_several_errata_of_one_claim_each_document_their_own_checks():
+    claim = registry.parse(_TWO_ERRATA)["E"]
+    assert [e.grade for e in claim.errata] == ["erratum", "translation"] and claim.erratum is claim.errata[0]
+    assert registry.judge(claim, {"speedup": 2.8, "other": 2.5, "r": 2.0}, "twin").verdict == registry.ERRATUM
+    # the second erratum's digits reproduce: stale, red, while the first still holds
+    judged = registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin")
+    assert judged.verdict == DEVIATES and [o.check.q for o in judged.stale] == ["other"]
+
+
+def test_a_check_documented_by_two_errata_is_refused():
+    text = _TWO_ERRATA.replace('fails = ["other"]', 'fails = ["speedup"]')
+    with pytest.raises(registry.RegistryError, match="more than one erratum"):
+        registry.parse(text)
 
 
 def test_a_confirmed_erratum_does_not_cover_the_book_profile():
