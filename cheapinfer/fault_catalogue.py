@@ -650,6 +650,41 @@ def _formats_bnb_count_misses_absmax():
 
 
 @fault(
+    "q-listing-codes-cast-to-int8",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ABSMAX",),
+    what="the chapter's absmax listing is run with its codes cast to int8 (a silent fix of the listing): what is measured is no longer the listing as printed",
+)
+def _q_listing_cast():
+    real = quant.absmax_listing
+
+    def cast(W, bits):
+        Wq, scale, W_hat = real(W, bits)
+        return Wq.to(torch.int8), scale, W_hat
+
+    with patched(quant, "absmax_listing", cast):
+        yield
+
+
+@fault(
+    "q-tail-share-as-fraction",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-DOWNPROJ-STATS",),
+    what="the share of weights beyond six standard deviations is given as a fraction where the listing prints a percentage (100 times too small)",
+)
+def _q_tail_share_fraction():
+    real = quant.tail_summary
+
+    def as_fraction(max_abs, std, beyond, numel):
+        return {**real(max_abs, std, beyond, numel), "beyond_percent": beyond / numel}
+
+    with patched(quant, "tail_summary", as_fraction):
+        yield
+
+
+@fault(
     "q-std-is-frobenius-norm",
     section="Q",
     kind=STATISTIC,

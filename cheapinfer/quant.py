@@ -444,16 +444,25 @@ def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float |
     std = spread(w)
     beyond = int((w.abs() > sigmas * std).sum())
     expected = w.numel() * 2 * float(norm.sf(sigmas))  # under a normal distribution
+    max_abs = float(w.abs().max())
     return {
         "mean_abs": float(w.abs().mean()),
         "std": std,
-        "max_abs": float(w.abs().max()),
-        "max_over_std": float(w.abs().max()) / std,
+        "max_abs": max_abs,
         "beyond_6sigma": beyond,
         "numel": w.numel(),
-        "beyond_percent": 100 * beyond / w.numel(),
-        "one_in": w.numel() / beyond if beyond else float("inf"),
+        **tail_summary(max_abs, std, beyond, w.numel()),
         "tail_excess": beyond / expected,
+    }
+
+
+def tail_summary(max_abs: float, std: float, beyond: int, numel: int) -> dict[str, float]:
+    """What the listing's numbers say about the tail: max/std, the share beyond the threshold in percent,
+    and 'one in N'. From a measured matrix (:func:`matrix_stats`) or from the chapter's printed numbers."""
+    return {
+        "max_over_std": max_abs / std,
+        "beyond_percent": 100 * beyond / numel,
+        "one_in": numel / beyond if beyond else float("inf"),
     }
 
 

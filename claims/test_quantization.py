@@ -122,6 +122,11 @@ def test_the_books_absmax_listing_rounds_within_half_a_step(claim):
 
     properties()
     top = {b: (min(v) if len(v) == 1 else sorted(v)) for b, v in seen["top"].items()}
+    ramp = torch.linspace(-1, 1, 100_001)  # every code the listing can give: a dense ramp over the range its scale maps
+    produced = {b: int(quant.absmax_listing(ramp, b)[0].unique().numel()) for b in (8, 4)}
+    claim.note(f"As printed, the listing's codes Wq have W's dtype: {quant.absmax_listing(ramp, 8)[0].dtype} for fp32 weights, "
+               f"{quant.absmax_listing(ramp.bfloat16(), 8)[0].dtype} for bf16 ones. Codes it produces over a dense ramp: "
+               f"{produced[8]} at 8 bits, {produced[4]} at 4 (the clamp's lower end, -qmax - 1, is never reached).")
     claim.verify(
         "arithmetic",
         qmax_int8=top[8],
@@ -131,6 +136,9 @@ def test_the_books_absmax_listing_rounds_within_half_a_step(claim):
         codes_idempotent=seen["idempotent"],
         sign_symmetric=seen["symmetric"],
         codes_in_range=seen["in_range"],
+        wq_bytes_per_weight_int8=quant.absmax_listing(ramp, 8)[0].element_size(),
+        codes_produced_int8=produced[8],
+        codes_produced_int4=produced[4],
         suite_matches_listing=seen["matches"],
         suite_rounding=quant.rounding_rule(lambda w, bits: (quant.quantize(w, f"int{bits}-tensor").unpacked_codes().flatten(),)),
     )
@@ -245,10 +253,9 @@ def test_one_down_proj_has_a_24_sigma_weight(claim, profile, request):
     """Q-DOWNPROJ-STATS: "mean |w| 0.01386 std 0.01822 max |w| 0.43945 max/std 24.1; 692 of 4,358,144 beyond 6 sigma"."""
     if profile is None:  # the book against itself: each printed number recomputed from the others it follows from
         b = registry.get("Q-DOWNPROJ-STATS").book
-        ratio = b["max_abs"] / b["std"]
-        claim.verify(request.node.callspec.params["profile"], numel=b["shape"][0] * b["shape"][1], numel_millions=b["numel"] / 1e6,
-                     beyond_percent=100 * b["beyond_6sigma"] / b["numel"], one_in=b["numel"] / b["beyond_6sigma"],
-                     max_over_std=ratio, sigmas_largest=ratio, sigmas_largest_beyond_six=ratio)
+        tail = quant.tail_summary(b["max_abs"], b["std"], b["beyond_6sigma"], b["numel"])  # the measurement's own arithmetic
+        claim.verify(request.node.callspec.params["profile"], numel=b["shape"][0] * b["shape"][1], numel_millions=b["numel"] / 1e6, **tail,
+                     sigmas_largest=tail["max_over_std"], sigmas_largest_beyond_six=tail["max_over_std"])
         return
     w = quant.projection_weights(profile.model)[BOOK_DOWN_PROJ]
     stats = quant.matrix_stats(w)
