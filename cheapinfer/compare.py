@@ -198,9 +198,8 @@ def _release_bound(q: str, claim: dict[str, Any], before: dict[str, Any], after:
     """Why ``q`` may rightly differ between the two runs: the claim's erratum stands on it and is limited to some
     releases (``applies``) of a library whose version differs between them (KV-API: ``past_key_values`` is the
     4.x name, ``cache`` the 5.x one). Empty where no such reason exists: the move is then a regression."""
-    errata = claim.get("errata") or ([claim["erratum"]] if claim.get("erratum") else [])  # older records: one, under erratum
     ea, eb = before.get("environment", {}), after.get("environment", {})
-    for erratum in errata:
+    for erratum in registry.recorded_errata(claim):
         if q not in erratum.get("stands_on", ()) or not isinstance(erratum.get("applies"), dict):
             continue
         moved = [f"{lib} {ea.get(lib, '-')} -> {eb.get(lib, '-')}" for lib in erratum["applies"] if ea.get(lib) != eb.get(lib)]

@@ -381,9 +381,15 @@ class Row:
     ppl: float
     battery: BatteryResult
     battery_no_penalty: BatteryResult
-    agree: int
-    positions: int
-    matches: tuple[tuple[bool, ...], ...] = ()  # per continuation, per position (agreement_by_position)
+    matches: tuple[tuple[bool, ...], ...]  # per continuation, per position (agreement_by_position)
+
+    @property
+    def agree(self) -> int:
+        return sum(map(sum, self.matches))
+
+    @property
+    def positions(self) -> int:
+        return sum(map(len, self.matches))
 
     @property
     def agreement(self) -> float:
@@ -431,7 +437,7 @@ class Table:
             stock = battery(model, self.tokenizer)
             off = battery(model, self.tokenizer, repetition_penalty=1.0) if stock.repetition_penalty != 1.0 else stock
             matches = tuple(tuple(m) for m in agreement_by_position(model, self.continuations))
-            self._rows[scheme] = Row(scheme, ppl, stock, off, sum(map(sum, matches)), sum(map(len, matches)), matches)
+            self._rows[scheme] = Row(scheme, ppl, stock, off, matches)
             self.seconds[scheme] = time.perf_counter() - t0
             if self.release is not None:
                 self.release(scheme)

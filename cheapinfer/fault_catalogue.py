@@ -642,8 +642,8 @@ def _formats_bnb_absmax_16():
 def _formats_bnb_count_misses_absmax():
     real = formats._bnb_parts
 
-    def codes_only(w, double_quant):
-        return {k: v for k, v in real(w, double_quant).items() if k != "absmax"}
+    def codes_only(codes, qs):
+        return {k: v for k, v in real(codes, qs).items() if k != "absmax"}
 
     with patched(formats, "_bnb_parts", codes_only):
         yield

@@ -92,9 +92,8 @@ def _bnb_state(w: torch.Tensor, double_quant: bool):
     return bf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=double_quant)
 
 
-def _bnb_parts(w: torch.Tensor, double_quant: bool) -> dict[str, int]:
+def _bnb_parts(codes: torch.Tensor, qs) -> dict[str, int]:
     """The tensors a quantized weight and its QuantState hold: codes, absmax, code book, and the second level."""
-    codes, qs = _bnb_state(w, double_quant)
     parts = {"codes": codes.nbytes, "absmax": qs.absmax.nbytes, "code book": qs.code.nbytes}
     if qs.state2 is not None:
         parts["absmax of absmax"] = qs.state2.absmax.nbytes + torch.as_tensor(qs.offset).nbytes
@@ -102,12 +101,11 @@ def _bnb_parts(w: torch.Tensor, double_quant: bool) -> dict[str, int]:
     return parts
 
 
-def _bnb_serialized(w: torch.Tensor, double_quant: bool) -> int:
+def _bnb_serialized(codes: torch.Tensor, qs) -> int:
     """Bytes of tensor data in the safetensors file of the weight's state dict as bitsandbytes writes it
     (``Linear4bit``: the packed codes and ``QuantState.as_dict(packed=True)``)."""
     from safetensors.torch import save
 
-    codes, qs = _bnb_state(w, double_quant)
     blob = save({"weight": codes, **{k: v.contiguous() for k, v in qs.as_dict(packed=True).items()}})
     header = int.from_bytes(blob[:8], "little")
     return len(blob) - 8 - header
@@ -121,9 +119,15 @@ def bnb_nf4(shapes: Mapping[str, tuple[int, int]], count: int = 1, double_quant:
         import bitsandbytes
     except Exception as exc:  # noqa: BLE001 - any import failure makes the library unavailable, with its reason
         return Unavailable("bitsandbytes", layout, f"not importable: {type(exc).__name__}: {exc}", 4.25)
-    parts, weights = _total(shapes, count, lambda w: _bnb_parts(w, double_quant))
-    serialized, _ = _total(shapes, count, lambda w: {"all": _bnb_serialized(w, double_quant)})
-    return Stored(_version(bitsandbytes), layout, parts, weights, serialized["all"], 4.25)
+    parts: dict[str, int] = {}
+    weights = written = 0
+    for w, n in _each_shape(shapes, count):  # one quantization per shape, read both ways
+        codes, qs = _bnb_state(w, double_quant)
+        for part, b in _bnb_parts(codes, qs).items():
+            parts[part] = parts.get(part, 0) + n * b
+        written += n * _bnb_serialized(codes, qs)
+        weights += n * w.numel()
+    return Stored(_version(bitsandbytes), layout, parts, weights, written, 4.25)
 
 
 # ------------------------------------------------------------------------------------------------

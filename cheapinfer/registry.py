@@ -404,6 +404,11 @@ def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ..
     )
 
 
+def recorded_errata(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A run record's claim entry's errata (``errata``; records before several per claim hold one, under ``erratum``)."""
+    return list(claim["errata"]) if "errata" in claim else ([claim["erratum"]] if claim.get("erratum") else [])
+
+
 def _errata_from(claim_id: str, raw: Mapping[str, Any] | list, checks: tuple[Check, ...], source: Mapping[str, Source]) -> tuple[Erratum, ...]:
     """``[ID.erratum]`` (one) or ``[[ID.erratum]]`` (several, each with its own grade); no check documented by two."""
     errata = tuple(_erratum_from(claim_id, r, checks, source) for r in ([raw] if isinstance(raw, Mapping) else raw))

@@ -355,17 +355,12 @@ def candidate_errata(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: e["perturbed"])
 
 
-def errata_of(claim: dict[str, Any]) -> list[dict[str, Any]]:
-    """A recorded claim's errata (``errata``; older records hold one, under ``erratum``)."""
-    return list(claim["errata"]) if "errata" in claim else ([claim["erratum"]] if claim.get("erratum") else [])
-
-
 def confirmed_errata(record: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any], list[dict[str, Any]]]]:
     """(claim ID, claim, erratum, results) for every documented erratum that held in this run: the results
     with verdict erratum on one of its profiles, where a check it documents failed as documented."""
     out = []
     for cid, c in record["claims"].items():
-        for e in errata_of(c):
+        for e in registry.recorded_errata(c):
             rs = [r for r in c.get("results", []) if r["verdict"] == ERRATUM and r["profile"] in e["profiles"]
                   and any(chk.get("documented") and chk["q"] in e["fails"] for chk in r.get("checks", []))]
             if rs:
