@@ -346,11 +346,14 @@ def test_ctrl_c_during_verify_keeps_what_was_measured_and_replaces_nothing(tmp_p
     rest, err = proc.communicate(timeout=240)
     stdout, stderr = (seen + rest).decode(), err.decode()
     assert proc.returncode == 130, stdout[-3000:] + stderr[-3000:]
-    assert "Traceback" not in stdout + stderr
-    [line] = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stdout + stderr, stderr[-3000:]
     [kept] = [k for k in (out / report.RUNS_DIR).glob("*.json") if not k.name.endswith(report.BENCHMARKS_SUFFIX)]
-    assert line == (f"cheapinfer verify: interrupted; its record so far: {kept}; "
-                    "the latest run.json and errata.md were not replaced")
+    # verify says it in one line, its last; what else reached stderr (a library's warning printed after the
+    # child's capture ended) is not verify's, and is shown if this fails.
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("cheapinfer")]
+    assert ours == lines[-1:] == [f"cheapinfer verify: interrupted; its record so far: {kept}; "
+                                  "the latest run.json and errata.md were not replaced"], stderr[-3000:]
     record = report.load(kept)
     assert record["run"]["interrupted"] is True and record["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
     assert _unchanged(out, before)
