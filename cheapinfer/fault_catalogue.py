@@ -90,17 +90,22 @@ def _kv_decode_step_replays():
     real = kv.decode_step
 
     def replaying(model, cache, context):
-        step, done = real(model, cache, context), []
-
-        def once():
-            if not done:
-                done.append(step())
-            return done[0]
-
-        return once
+        return _replaying_first(real(model, cache, context))
 
     with patched(kv, "decode_step", replaying):
         yield
+
+
+def _replaying_first(step):
+    """``step`` run once; every later call returns that first result (a step cached by its arguments)."""
+    done = []
+
+    def once():
+        if not done:
+            done.append(step())
+        return done[0]
+
+    return once
 
 
 @fault(
@@ -784,6 +789,26 @@ def _lowbit_dequantize_every_call():
         return torch.nn.functional.linear(x, w, self.bias)
 
     with patched(lowbit.Int8Linear, "forward", forward):
+        yield
+
+
+@fault(
+    "lowbit-step-replays-first",
+    section="Q",
+    kind=RULE,
+    targets=("Q-BYTES-SPEED",),
+    what="the low-bit copies' decode step runs its forward once and replays that result on every later call (a step cached by its arguments: "
+         "the packed codes never change), so the clock times no kernel; the speedups grow, bounded below only",
+)
+def _lowbit_step_replays():
+    real = batching.decode_step
+
+    def replaying(model, batch, context=64, seed=batching.SEED):
+        step = real(model, batch, context, seed)
+        low_bit = any(isinstance(m, (lowbit.Int8Linear, lowbit.Int4Linear)) for m in model.modules())
+        return _replaying_first(step) if low_bit else step
+
+    with patched(batching, "decode_step", replaying):
         yield
 
 

@@ -267,7 +267,7 @@ class Step:
     step_s: float
     copy_bandwidth: float  # bytes/s of a plain copy, measured in the same run
     evidence: dict = field(default_factory=dict)  # the timed step, traced once: it used its cache (cheapinfer.evidence)
-    seconds: tuple[float, ...] = ()  # the step's time in each interleaved round (for the noise of ratios between variants)
+    read_bandwidth: float = float("nan")  # bytes/s of a read-only stream (a sum), measured in the same run
 
     @property
     def bandwidth(self) -> float:
@@ -279,25 +279,46 @@ class Step:
         """Fraction of the copy bandwidth the step's weight traffic reached (1: as fast as memory allows)."""
         return self.bandwidth / self.copy_bandwidth
 
+    @property
+    def over_read(self) -> float:
+        """Weight bytes per second over what a read-only stream reaches (at most 1: no step reads its weights faster)."""
+        return self.bandwidth / self.read_bandwidth
 
-def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 32, rounds: int = 7, warmup: int = 2, copy_bytes: int = 2**28,
-                 quantities: Callable[[Mapping[str, float]], Mapping[str, float]] | None = None) -> dict[str, Step]:
-    """Batch-1 decode step of each model at ``context`` cached tokens, and a memory copy, in one interleaved run.
+
+#: The names of the memory probes :func:`decode_steps` times beside the steps, and their size (far beyond a last-level cache).
+COPY, READ, PROBE_BYTES = "memory copy", "memory read", 2**28
+
+
+def over_read(step_bytes: Mapping[str, int], t: Mapping[str, float], read_bytes: int = PROBE_BYTES) -> float:
+    """The largest weight bandwidth of any step, over the read stream's, from one set of times by name (those of
+    :func:`decode_steps`, which time :data:`READ` beside them): the physical limit, per path. A step that
+    beats a plain read of as many bytes did not read its weights (skipped, replayed, or missed by the clock)."""
+    reading = read_bytes / t[READ]
+    return max(step_bytes[n] / t[n] for n in step_bytes) / reading
+
+
+def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 32, rounds: int = 7, warmup: int = 2,
+                 quantities: Callable[[Mapping[str, float]], Mapping[str, float]] | None = None) -> tuple[dict[str, Step], dict]:
+    """Batch-1 decode step of each model at ``context`` cached tokens, a memory copy and a memory read, in one interleaved run:
+    each model's :class:`Step`, and the timed samples of every variant by name (the steps' and the probes').
 
     ``timed(variants, rounds, warmup)`` is :func:`cheapinfer.timing.interleaved` (or the suite's
-    fixture around it; with ``quantities``, a function of one set of step times by model name, it is
-    handed on, so that the fixture adds rounds while a noisy check on them cannot decide). The copy
-    (``copy_bytes``, far beyond the last-level cache) gives the bandwidth the roofline is read against.
+    fixture around it; with ``quantities``, a function of one set of times by name, it is handed on,
+    so that the fixture adds rounds while a noisy check on them cannot decide). The copy and the read
+    (:data:`PROBE_BYTES` each) give the bandwidths the roofline is read against: the copy the reference,
+    the read the limit (:func:`over_read`).
     """
-    from .accel import copy_callable
+    from .accel import copy_callable, read_callable
     from .batching import decode_step
     from .evidence import traced
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}
     device = next(next(iter(models.values())).parameters()).device
-    copy_fn, moved = copy_callable(copy_bytes, device)
-    variants = {**steps, "memory copy": copy_fn}
+    (copy_fn, moved), (read_fn, read) = copy_callable(PROBE_BYTES, device), read_callable(PROBE_BYTES, device)
+    assert read == PROBE_BYTES, "over_read() counts the read probe as PROBE_BYTES"
+    variants = {**steps, COPY: copy_fn, READ: read_fn}
     samples = timed(variants, rounds=rounds, warmup=warmup) if quantities is None else timed(variants, rounds=rounds, warmup=warmup, quantities=quantities)
-    bw = moved / samples["memory copy"].median
-    return {name: Step(name, streamed_bytes(m), samples[name].median, bw, evidence[name], tuple(samples[name].seconds)) for name, m in models.items()}
+    bw, rbw = moved / samples[COPY].median, read / samples[READ].median
+    steps = {name: Step(name, streamed_bytes(m), samples[name].median, bw, evidence[name], rbw) for name, m in models.items()}
+    return steps, samples
