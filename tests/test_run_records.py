@@ -168,6 +168,17 @@ def test_a_selection_of_no_test_replaces_no_record(tmp_path):
     assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
 
 
+def test_a_run_of_the_suites_own_tests_replaces_no_record(tmp_path):
+    """``pytest tests/test_rounding.py`` measures nothing about the chapter: it used to replace run.json and errata.md
+    with a record of 61 claims not run."""
+    out = tmp_path / "reports"
+    before = _seeded(out)
+    run = _pytest("tests/test_rounding.py", f"--report-dir={out}", "-q", "-p", "no:cacheprovider")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "no claim test was selected: no record written (the latest run.json and errata.md were not replaced)" in run.stdout.splitlines()
+    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+
+
 @pytest.mark.parametrize("where", ["below-a-file", "a-directory"])
 def test_an_unwritable_benchmark_json_is_a_usage_error_before_any_test(where, tmp_path):
     """pytest-benchmark writes its JSON after the last test; failing there used to lose the run's record."""
