@@ -42,7 +42,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn as nn
 
-from . import quant
+from . import SEED, quant
 
 INT4_GROUP = 128
 
@@ -288,6 +288,85 @@ class Step:
 #: The names of the memory probes :func:`decode_steps` times beside the steps, and their size (far beyond a last-level cache).
 COPY, READ, PROBE_BYTES = "memory copy", "memory read", 2**28
 
+#: Each path's premise probe: one matrix of the model, in the path's own kernel, whose weights stay in a cache
+#: (layer 0's query projection: 896 x 896 in the book's architecture, 1.6 MB in 16 bits, within a core's L2 or a
+#: GPU's), multiplied by one token ``PROBE_CALLS`` times per timed call.
+PROBE_MATRIX, PROBE_CALLS = "model.layers.0.self_attn.q_proj", 50
+
+
+def resident_name(name: str) -> str:
+    """The timed variant of path ``name``'s premise probe (:func:`resident_callable`)."""
+    return f"resident {name}"
+
+
+def _probe(model) -> tuple[nn.Module, torch.Tensor]:
+    """The probe matrix of ``model`` (its own kernel) and one seeded token of activations in the model's dtype."""
+    module = model.get_submodule(PROBE_MATRIX)
+    emb = model.get_input_embeddings().weight
+    x = torch.randn(1, 1, model.config.hidden_size, generator=torch.Generator().manual_seed(SEED), dtype=torch.float32)
+    return module, x.to(emb.device, emb.dtype)
+
+
+def resident_bytes(model, calls: int = PROBE_CALLS) -> int:
+    """Weight bytes :func:`resident_callable` reads: the probe matrix as stored, ``calls`` times."""
+    module, _ = _probe(model)
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += tensor_bytes(t)
+    return total * calls
+
+
+def resident_callable(model, calls: int = PROBE_CALLS) -> Callable[[], object]:
+    """``calls`` products of one token with the probe matrix, in the path's own kernel: after the first, its weights
+    are in a cache, so the time is the kernel's own arithmetic (and its call overhead), not memory's.
+    :func:`headroom` sets the rate it reaches against the memory's read."""
+    module, x = _probe(model)
+
+    def go():
+        with torch.inference_mode():
+            for _ in range(calls):
+                out = module(x)
+        return out
+
+    return go
+
+
+def headroom(resident: int, t: Mapping[str, float], name: str) -> float:
+    """How much faster path ``name``'s kernel consumes its weights from a cache than memory reads bytes, from one set
+    of times by name: ``resident`` bytes (:func:`resident_bytes`) / its probe's time, over :data:`PROBE_BYTES` /
+    :data:`READ`'s time. Above 1 the kernel outruns memory, so its step is bound by the bytes it reads (the roofline's
+    memory side); at or below 1 its own arithmetic sets its pace, and fewer bytes cannot be what makes it faster."""
+    return (resident / t[resident_name(name)]) / (PROBE_BYTES / t[READ])
+
+
+def bytes_bound(headrooms: Mapping[str, float], paths: tuple[str, ...]) -> tuple[bool, str]:
+    """Whether every one of ``paths`` is bound by the bytes it reads here (its :func:`headroom` above 1), and why not:
+    the premise of a claim that fewer bytes make a step faster. A kernel that cannot consume cached weights faster
+    than memory delivers them is paced by its arithmetic; comparing it says what its arithmetic costs, not its bytes."""
+    slow = [p for p in paths if not headrooms[p] > 1]
+    if not slow:
+        return True, ""
+    rates = ", ".join(f"{p} {headrooms[p]:.2f}x" for p in paths)
+    return False, (f"the kernels consume their weights from a cache at {rates} the rate memory reads them ({PROBE_MATRIX}, {PROBE_CALLS} "
+                   f"products of one token per round): {', '.join(slow)} {'is' if len(slow) == 1 else 'are'} bound by arithmetic, not by "
+                   "bytes, so the speedup here measures the kernels, not the bytes; a device whose kernels outrun its memory "
+                   "(a GPU, more threads per step, other CPU kernels) can measure it")
+
+
+def dense_copy_per_call(model) -> float:
+    """Bytes one product of one token with the probe matrix creates, over the bytes of a dense 16-bit copy of that
+    matrix (:func:`cheapinfer.accel.peak_above_resident`): about 1 / columns for a kernel that reads its codes in place
+    (it creates its output), 1 or more for one that dequantizes the weight on every call."""
+    from .accel import peak_above_resident
+
+    module, x = _probe(model)
+    with torch.inference_mode():
+        out = module(x)
+        created = peak_above_resident(lambda: module(x), x.device)
+    return created / (out.shape[-1] * x.shape[-1] * 2)
+
 
 def over_read(step_bytes: Mapping[str, int], t: Mapping[str, float], read_bytes: int = PROBE_BYTES) -> float:
     """The largest weight bandwidth of any step, over the read stream's, from one set of times by name (those of
@@ -299,8 +378,9 @@ def over_read(step_bytes: Mapping[str, int], t: Mapping[str, float], read_bytes:
 
 def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 32, rounds: int = 7, warmup: int = 2,
                  quantities: Callable[[Mapping[str, float]], Mapping[str, float]] | None = None) -> tuple[dict[str, Step], dict]:
-    """Batch-1 decode step of each model at ``context`` cached tokens, a memory copy and a memory read, in one interleaved run:
-    each model's :class:`Step`, and the timed samples of every variant by name (the steps' and the probes').
+    """Batch-1 decode step of each model at ``context`` cached tokens, its premise probe (:func:`resident_callable`), a
+    memory copy and a memory read, in one interleaved run: each model's :class:`Step`, and the timed samples of every
+    variant by name (the steps' and the probes').
 
     ``timed(variants, rounds, warmup)`` is :func:`cheapinfer.timing.interleaved` (or the suite's
     fixture around it; with ``quantities``, a function of one set of times by name, it is handed on,
@@ -317,7 +397,7 @@ def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 3
     device = next(next(iter(models.values())).parameters()).device
     (copy_fn, moved), (read_fn, read) = copy_callable(PROBE_BYTES, device), read_callable(PROBE_BYTES, device)
     assert read == PROBE_BYTES, "over_read() counts the read probe as PROBE_BYTES"
-    variants = {**steps, COPY: copy_fn, READ: read_fn}
+    variants = {**steps, **{resident_name(name): resident_callable(m) for name, m in models.items()}, COPY: copy_fn, READ: read_fn}
     samples = timed(variants, rounds=rounds, warmup=warmup) if quantities is None else timed(variants, rounds=rounds, warmup=warmup, quantities=quantities)
     bw, rbw = moved / samples[COPY].median, read / samples[READ].median
     steps = {name: Step(name, streamed_bytes(m), samples[name].median, bw, evidence[name], rbw) for name, m in models.items()}

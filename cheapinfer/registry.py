@@ -31,7 +31,8 @@ prints. Each claim holds:
     over a range the measurement could afford (the range is in the measured values). Not found there
     decides nothing: the range, not the book, ran out. A check on what was searched for (the knee's
     gains) names that search with ``when_found = "<q>"``: where it was not found there is nothing to
-    judge, and the check is reported, not asserted.
+    judge, and the check is reported, not asserted. A check that tests the claim only where its premise
+    holds names the ``measurable`` check of that premise the same way.
   - ``measurable = true`` on a boolean ``== true`` check: this device could measure what the claim is
     about (its premise held in a probe independent of the measured system: a CPU kernel that is itself
     faster on more rows cannot show whether batching does). False decides nothing: the device, not the
@@ -124,7 +125,7 @@ class Check:
     requires: str = ""  # "" or "cuda"
     noise: str = ""  # shape: "rounds" or "steps" (the measurement hands <q>_se, the standard error over timing rounds or a run's steps)
     searched: bool = False  # shape, bool == true: existence searched over an affordable range; not found decides nothing
-    when_found: str = ""  # the searched check whose find this check measures: asserted only where it was found
+    when_found: str = ""  # the searched (or measurable) check whose find (or premise) this check needs: asserted only where it holds
     measurable: bool = False  # shape, bool == true: the device could measure the claim; False decides nothing (<q>_why says why)
     profiles: tuple[str, ...] = ()  # judged only on these of the claim's profiles (none: on every one)
 
@@ -440,10 +441,10 @@ def parse(text: str) -> dict[str, Claim]:
         for c in checks:
             if set(c.profiles) - set(runs_on):
                 raise RegistryError(f"{claim_id}: check {c.q!r} names profiles the claim does not run on: {sorted(set(c.profiles) - set(runs_on))}")
-        searched = {c.q for c in checks if c.searched}
+        conditions = {c.q for c in checks if c.searched or c.measurable}
         for c in checks:
-            if c.when_found and c.when_found not in searched:
-                raise RegistryError(f"{claim_id}: check {c.q!r} is measured when {c.when_found!r} is found, which no searched check of this claim names")
+            if c.when_found and c.when_found not in conditions:
+                raise RegistryError(f"{claim_id}: check {c.q!r} is measured when {c.when_found!r} holds, which no searched or measurable check of this claim names")
         claims[claim_id] = Claim(
             id=claim_id,
             section=section,

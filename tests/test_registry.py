@@ -353,8 +353,8 @@ def test_a_check_on_what_was_searched_for_is_judged_only_where_it_was_found(meas
     assert next(o for o in judged.outcomes if o.check.q == "gain").asserted == measured["found"]
 
 
-def test_a_check_measured_when_something_is_found_must_name_a_search():
-    with pytest.raises(RegistryError, match="no searched check"):
+def test_a_check_measured_when_something_is_found_must_name_a_search_or_a_premise():
+    with pytest.raises(RegistryError, match="no searched or measurable check"):
         registry.parse('[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{q = "x", kind = "shape", op = ">", bound = 1.0, '
                        'when_found = "found", why = "w"}]\n')
 
@@ -394,3 +394,25 @@ def test_a_premise_this_device_cannot_measure_is_inconclusive_with_its_reason(pa
     perturbed = registry.perturb(claim, measured)  # --perturb proves the comparator: never inconclusive there
     if premise is not None:
         assert registry.judge(perturbed, measured, "twin").verdict == DEVIATES
+
+
+_GATED = (
+    '[G]\nsection = "Q"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    'checks = [{q = "premise", kind = "shape", op = "==", bound = true, measurable = true, why = "w"},'
+    '{q = "speedup", kind = "shape", op = ">=", bound = 1.25, noise = "rounds", when_found = "premise", why = "w"},'
+    '{q = "over", kind = "shape", op = "<=", bound = 1.0, why = "w"}]\n'
+)
+
+
+@pytest.mark.parametrize(("premise", "speedup", "over", "verdict"), [
+    (True, 1.9, 0.4, SHAPE_HOLDS),
+    (True, 0.9, 0.4, DEVIATES),                 # the premise held, and the claim fails on it
+    (False, 0.9, 0.4, registry.INCONCLUSIVE),   # the premise does not hold here: the speedup is reported, not asserted
+    (False, 0.9, 4071.0, DEVIATES),             # a check the premise does not gate still fails
+])
+def test_a_check_gated_by_a_premise_is_asserted_only_where_the_premise_holds(premise, speedup, over, verdict):
+    claim = registry.parse(_GATED)["G"]
+    measured = {"premise": premise, "premise_why": "the kernels are bound by their arithmetic", "speedup": speedup, "speedup_se": 0.05, "over": over}
+    judged = registry.judge(claim, measured, "twin")
+    assert judged.verdict == verdict
+    assert next(o for o in judged.outcomes if o.check.q == "speedup").asserted == premise
