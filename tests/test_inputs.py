@@ -295,10 +295,11 @@ def test_the_options_are_an_installed_pytest11_entry_point():
 
 
 def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_checkout(tmp_path):
-    """``pytest <checkout>/tests/... -m gpu --report-dir DIR`` from another directory: DIR is the option's value."""
+    """``pytest <checkout>/claims/... -m gpu --report-dir DIR`` from another directory: DIR is the option's value (the run
+    selects a claim test, so it writes a record there; a run of the suite's own tests writes none)."""
     out = tmp_path / "out"
     out.mkdir()
-    run = python_m("pytest", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py"), "-m", "gpu", "--report-dir", str(out), "-q", cwd=tmp_path, timeout=300)
+    run = python_m("pytest", "-p", "no:cacheprovider", str(ROOT / "claims" / "test_asides.py"), "-m", "gpu", "--report-dir", str(out), "-q", cwd=tmp_path, timeout=300)
     assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert (out / "run.json").is_file()
 
