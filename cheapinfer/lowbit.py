@@ -43,6 +43,7 @@ import torch
 import torch.nn as nn
 
 from . import SEED, quant
+from .cli import TIMING_THREADS_VARIABLE
 
 INT4_GROUP = 128
 
@@ -351,8 +352,8 @@ def bytes_bound(headrooms: Mapping[str, float], paths: tuple[str, ...]) -> tuple
     rates = ", ".join(f"{p} {headrooms[p]:.2f}x" for p in paths)
     return False, (f"the kernels consume their weights from a cache at {rates} the rate memory reads them ({PROBE_MATRIX}, {PROBE_CALLS} "
                    f"products of one token per round): {', '.join(slow)} {'is' if len(slow) == 1 else 'are'} bound by arithmetic, not by "
-                   "bytes, so the speedup here measures the kernels, not the bytes; a device whose kernels outrun its memory "
-                   "(a GPU, more threads per step, other CPU kernels) can measure it")
+                   "bytes, so the speedup here measures the kernels, not the bytes; kernels that outrun this memory can measure it "
+                   f"(other CPU kernels, or more threads per timed step: {TIMING_THREADS_VARIABLE})")
 
 
 def dense_copy_per_call(model) -> float:

@@ -154,3 +154,14 @@ def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stan
     assert projections16.worst <= 1, f"bf16: a projection's error is {projections16.worst:.3g} x its a-priori bound"
     p_fake16 = math.exp(_nll64(copy.deepcopy(fake).to(torch.bfloat16), ids))  # a bf16 copy of the variant
     record_property("bf16 perplexity kernel / fake - 1", p_real16 / p_fake16 - 1)
+
+
+@pytest.mark.parametrize(("headrooms", "holds", "named"), [
+    ({"bf16": 1.8, "int8": 2.4}, True, ""),
+    ({"bf16": 0.56, "int8": 2.4}, False, "bf16 is bound by arithmetic"),
+    ({"bf16": 1.8, "int8": 1.0}, False, "int8 is bound by arithmetic"),  # the crossover itself: memory does not pace it
+    ({"bf16": 0.5, "int8": 0.6}, False, "bf16, int8 are bound by arithmetic"),
+])
+def test_the_bytes_premise_holds_only_where_every_kernel_of_the_pair_outruns_memory(headrooms, holds, named):
+    ok, why = lowbit.bytes_bound(headrooms, ("bf16", "int8"))
+    assert ok is holds and (named in why if named else why == "")
