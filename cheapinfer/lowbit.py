@@ -311,12 +311,8 @@ def _probe(model) -> tuple[nn.Module, torch.Tensor]:
 def resident_bytes(model, calls: int = PROBE_CALLS) -> int:
     """Weight bytes :func:`resident_callable` reads: the probe matrix as stored, ``calls`` times."""
     module, _ = _probe(model)
-    seen, total = set(), 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += tensor_bytes(t)
-    return total * calls
+    stored = {id(t): t for t in (*module.parameters(), *module.buffers())}  # each tensor once
+    return sum(tensor_bytes(t) for t in stored.values()) * calls
 
 
 def resident_callable(model, calls: int = PROBE_CALLS) -> Callable[[], object]:
