@@ -109,6 +109,30 @@ def _replaying_first(step):
 
 
 @fault(
+    "kv-generation-replayed-from-store",
+    section="KV",
+    kind=RULE,
+    targets=("KV-SPEEDUP-48",),
+    what="cached generation keeps a store keyed by its prompt and length (a response cache) and, for a prompt it has seen, streams the stored tokens through its step callback without running the model, so every timed round after the first times a lookup",
+)
+def _kv_generation_replayed():
+    real, store = kv.greedy_cached, {}
+
+    def replaying(model, ids, new_tokens, on_step=None, cache=None):
+        key = (id(model), tuple(ids.flatten().tolist()), new_tokens)
+        if key not in store:
+            store[key] = real(model, ids, new_tokens, on_step, cache=cache)
+            return store[key]
+        for k in range(1, new_tokens + 1):
+            if on_step:
+                on_step(k)
+        return store[key]
+
+    with patched(kv, "greedy_cached", replaying):
+        yield
+
+
+@fault(
     "kv-decode-ignores-cache",
     section="KV",
     kind=DISABLED,

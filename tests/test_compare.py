@@ -27,7 +27,7 @@ def built(bytes_per_token: int = 12_288, speedup: float = 3.0, env: dict | None 
     """A small record: one digits claim (arithmetic) and one shape claim (twin timing ratios)."""
     rec = Recorder()
     rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": bytes_per_token})
-    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "cached_s": 0.5})
+    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "timed_forwards": 48, "timed_forwards_max": 48, "cached_s": 0.5})
     tested = {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]}
     return report.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, tested)
 
@@ -183,7 +183,7 @@ def test_a_claim_whose_test_was_not_selected_is_one_informational_change():
     """A run with -k or -m selects fewer tests: their claims are 'not run', not regressions."""
     before = built()
     rec = Recorder()
-    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": 3.0, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0})
+    rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": 3.0, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "timed_forwards": 48, "timed_forwards_max": 48})
     after = report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu"}, {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]})
     [change] = cmp.compare(before, after)
     assert (change.claim, change.profile, change.before, change.after, change.regression) == ("KV-BYTES-FORMULA", "-", "reproduced", "not run", False)
@@ -215,7 +215,7 @@ def test_a_printed_bound_moves_like_a_shape_bound():
 def _with_se(speedup: float, se: float) -> dict:
     rec = Recorder()
     rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_se": se, "speedup_growth": 2.0, "speedup_growth_se": 0.01,
-                                                 "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0})
+                                                 "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "timed_forwards": 48, "timed_forwards_max": 48})
     return report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-SPEEDUP-48": ["t.py"]})
 
 

@@ -1,6 +1,7 @@
 """The KV claims' clocked quantities, as functions of one set of times: their values from the medians, their noise round by round."""
 
 import pytest
+import torch
 
 from cheapinfer import kv, timing
 from cheapinfer.timing import Samples
@@ -40,14 +41,22 @@ def test_prefill_worst_drop_per_round_is_that_rounds_worst_pair():
     assert est.se > 0
 
 
-def test_marked_generation_returns_the_seconds_to_each_marked_token():
+def test_marked_generation_returns_the_seconds_to_each_marked_token_and_counts_its_forwards():
     seen = []
+    model = torch.nn.Linear(2, 2)
 
     def generate(model, ids, new_tokens, on_step):
         for k in range(1, new_tokens + 1):
             seen.append(k)
+            if k % 2:  # a forward on odd tokens only: the count is what ran, not the tokens
+                model(torch.zeros(2))
             on_step(k)
 
-    marks = kv.marked_generation(generate, None, None, 6, (1, 3, 6), "cpu")()
+    go = kv.marked_generation(generate, model, None, 6, (1, 3, 6), "cpu")
+    marks = go()
     assert isinstance(marks, timing.Marks) and list(marks) == [1, 3, 6] and seen == [1, 2, 3, 4, 5, 6]
     assert 0 <= marks[1] <= marks[3] <= marks[6]
+    go()
+    assert go.forwards == [3, 3]
+    model(torch.zeros(2))  # outside a timed call: not counted, the hook is gone
+    assert go.forwards == [3, 3] and not model._forward_pre_hooks
