@@ -25,8 +25,9 @@ half-precision forwards of the same tokens (~4e-3 relative), far below an O(1) c
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -83,6 +84,62 @@ def combine(*evidence: Mapping[str, object]) -> dict[str, object]:
         "cache_grows_by_fed": bool(evidence) and all(e["cache_grows_by_fed"] for e in evidence),
         "logit_change_vs_no_context": math.nan if not changes or any(math.isnan(c) for c in changes) else min(changes),
     }
+
+
+# ------------------------------------------------------------------------------------------------
+# the timed calls themselves: each must run the model's forwards, not replay them
+# ------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def counting_forwards(model):
+    """Counts the forwards of ``model`` itself (not of its layers) inside the block: ``with counting_forwards(m) as n:``,
+    then ``n[0]``. A forward pre-hook held for the block only: a counter increment per forward, microseconds against
+    a forward's milliseconds."""
+    n = [0]
+
+    def count(module, args) -> None:
+        n[0] += 1
+
+    handle = model.register_forward_pre_hook(count)
+    try:
+        yield n
+    finally:
+        handle.remove()
+
+
+def counted(model, variants: Mapping[str, Callable[[], object]], counts: dict[str, list[int]],
+            uncounted: Iterable[str] = ()) -> dict[str, Callable[[], object]]:
+    """The timed variants as calls that each count the forwards of ``model`` they run, into ``counts[name]`` (one
+    count per call: warm-up and extra rounds included). ``uncounted``: variants timed beside them that run no
+    model (a copy or read probe), passed through as they are.
+
+    The cache-use trace (:func:`traced`) runs a step once outside the clock; this is the timed calls' own proof
+    that they computed. A step replayed from a store (a step function cached by its arguments) runs no forward
+    after its first call, and the clock times a lookup."""
+    skip = set(uncounted)
+
+    def wrap(name: str, fn: Callable[[], object]) -> Callable[[], object]:
+        seen = counts.setdefault(name, [])
+
+        def call() -> object:
+            with counting_forwards(model) as n:
+                out = fn()
+            seen.append(n[0])
+            return out
+
+        return call
+
+    return {name: fn if name in skip else wrap(name, fn) for name, fn in variants.items()}
+
+
+def timed_forwards(samples: Mapping[str, object]) -> dict[str, int]:
+    """The measured values of :func:`counted`, from the timed samples (:class:`cheapinfer.timing.Samples`, whose
+    ``forwards`` the suite's ``timed`` fixture fills): the fewest and the most forwards any timed call ran."""
+    every = [c for s in samples.values() for c in s.forwards]
+    if not every:
+        raise ValueError("no timed call was counted")
+    return {"timed_forwards": min(every), "timed_forwards_max": max(every)}
 
 
 def conditions(evidence: Mapping[str, object]) -> dict[str, object]:

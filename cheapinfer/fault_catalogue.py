@@ -6,6 +6,7 @@ the measurement code that the claims' tests call. Each names the claims it must 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from dataclasses import replace
@@ -83,16 +84,35 @@ def _kv_bytes_query_heads():
     "kv-decode-step-replays-first",
     section="KV",
     kind=RULE,
-    targets=("KV-DECODE-MEMBOUND",),
+    targets=("KV-DECODE-MEMBOUND", "KV-DECODE-FLAT", "KV-PREFILL-DECODE"),
     what="the repeatable decode step runs its forward once and replays that result on every later call (a step function cached by its arguments), so the clock times no forward",
 )
 def _kv_decode_step_replays():
-    real = kv.decode_step
+    with _replaying_steps(kv, "decode_step"):
+        yield
 
-    def replaying(model, cache, context):
-        return _replaying_first(real(model, cache, context))
 
-    with patched(kv, "decode_step", replaying):
+@fault(
+    "kv-prefill-replays-first",
+    section="KV",
+    kind=RULE,
+    targets=("KV-PREFILL-GROWS", "KV-PREFILL-DECODE"),
+    what="the repeatable prefill runs its forward once and replays that result on every later call (a prompt cache keyed by the prompt), so the clock times no prefill after the first",
+)
+def _kv_prefill_replays():
+    with _replaying_steps(kv, "prefill"):
+        yield
+
+
+@contextlib.contextmanager
+def _replaying_steps(module, name: str):
+    """``module.name``, a factory of repeatable step callables, patched so that every step it builds replays its first result."""
+    real = getattr(module, name)
+
+    def replaying(*args, **kwargs):
+        return _replaying_first(real(*args, **kwargs))
+
+    with patched(module, name, replaying):
         yield
 
 
@@ -121,7 +141,7 @@ def _kv_generation_replayed():
     def replaying(model, ids, new_tokens, on_step=None, cache=None):
         key = (id(model), tuple(ids.flatten().tolist()), new_tokens)
         if key not in store:
-            store[key] = real(model, ids, new_tokens, on_step, cache=cache)
+            store[key] = real(model, ids, new_tokens, on_step, cache)
             return store[key]
         for k in range(1, new_tokens + 1):
             if on_step:
@@ -300,6 +320,18 @@ def _flash_drops_causal():
 # ------------------------------------------------------------------------------------------------
 # 2. Batching, paged cache
 # ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "batch-step-replays-first",
+    section="BAT",
+    kind=RULE,
+    targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "BAT-STATIC-CONT"),
+    what="the batch curve's repeatable decode step runs its forward once and replays that result on every later call (a step function cached by its arguments), so the clock times no step at any batch size",
+)
+def _batch_step_replays():
+    with _replaying_steps(batching, "decode_step"):
+        yield
 
 
 @fault(
@@ -977,6 +1009,23 @@ def _spec_passes_misspelled(which: str):
             return real_generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
 
     return generate
+
+
+@fault(
+    "spec-verify-pass-replays-first",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-VERIFY-COST",),
+    what="each repeatable verification pass runs its forward once and replays that result on every later call (a pass cached by its arguments), so the clock times no pass at any width",
+)
+def _spec_verify_replays():
+    real = speculative.verify_callables
+
+    def replaying(model, context, widths, seed):
+        return {name: _replaying_first(step) for name, step in real(model, context, widths, seed).items()}
+
+    with patched(speculative, "verify_callables", replaying):
+        yield
 
 
 @fault(

@@ -434,37 +434,19 @@ def marked_generation(generate: Callable, model, ids: torch.Tensor, new_tokens: 
                       device: torch.device | str) -> Callable[[], Marks]:
     """``generate(model, ids, new_tokens, on_step)`` (:func:`greedy_cached`, :func:`greedy_uncached`) as a repeatable
     timed variant: each call returns the seconds from its start to token k, for every k in ``marks``, read after a
-    device sync (:class:`cheapinfer.timing.Marks`; :func:`cheapinfer.timing.interleaved` keeps each as a series).
-
-    Each call also counts the forwards of ``model`` it ran (``go.forwards``: one count per call, in call order),
-    with a forward pre-hook held for that call only (a counter increment per forward, microseconds against a
-    forward's milliseconds). It is the timed generation's own proof that it ran its passes: both kinds run one
-    forward per new token (recomputation one per step; the cache a prefill, then one per step). A generation
-    replayed from a store runs none and is timed at the speed of a lookup."""
-    forwards: list[int] = []
+    device sync (:class:`cheapinfer.timing.Marks`; :func:`cheapinfer.timing.interleaved` keeps each as a series)."""
 
     def go() -> Marks:
-        count = [0]
+        t0, out = time.perf_counter(), Marks()
 
-        def counted(module, args, kwargs) -> None:
-            count[0] += 1
+        def on_step(k: int) -> None:
+            if k in marks:
+                sync(device)
+                out[k] = time.perf_counter() - t0
 
-        handle = model.register_forward_pre_hook(counted, with_kwargs=True)
-        try:
-            t0, out = time.perf_counter(), Marks()
-
-            def on_step(k: int) -> None:
-                if k in marks:
-                    sync(device)
-                    out[k] = time.perf_counter() - t0
-
-            generate(model, ids, new_tokens, on_step)
-        finally:
-            handle.remove()
-        forwards.append(count[0])
+        generate(model, ids, new_tokens, on_step)
         return out
 
-    go.forwards = forwards
     return go
 
 

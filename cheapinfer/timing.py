@@ -24,7 +24,7 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import torch
@@ -63,6 +63,8 @@ def cpu_threads(n: int | None = TIMING_THREADS):
 class Samples:
     name: str
     seconds: list[float]
+    #: forwards of the counted model in each timed call, where the timing counted them (:func:`cheapinfer.evidence.counted`)
+    forwards: list[int] = field(default_factory=list)
 
     @property
     def median(self) -> float:

@@ -74,6 +74,11 @@ def _curve_evidence() -> dict:
 
 
 @pytest.fixture(scope="module")
+def _curve_forwards() -> dict:
+    return {}
+
+
+@pytest.fixture(scope="module")
 def _selected(request) -> tuple[str, ...]:
     """The batch-curve claims of this run (all of them in a full run): the rounds are extended for their noisy checks."""
     chosen = {m.args[0] for item in request.session.items for m in item.iter_markers("claim") if item.module is request.module}
@@ -129,7 +134,7 @@ def served(_served_models, twin_factory, device):
 
 
 @pytest.fixture
-def step_times(_curves, _copy_bandwidth, _curve_evidence, _selected, timed, device, served):
+def step_times(_curves, _copy_bandwidth, _curve_evidence, _curve_forwards, _selected, timed, device, served):
     """``step_times(profile)``: batch size -> the seconds of one decode step in each round, measured once per module.
 
     The step runs the profile in its serving dtype (see ``served``). Only the batch sizes the selected
@@ -140,7 +145,9 @@ def step_times(_curves, _copy_bandwidth, _curve_evidence, _selected, timed, devi
     (bytes/s) is timed in the same interleaved rounds, under the same load, into
     ``_copy_bandwidth[profile.name]``: the bound that decode efficiency is read against. Each timed step
     is then run once more under a trace, outside the clock, into ``_curve_evidence[profile.name]``: the
-    proof that every step used its cache (:mod:`cheapinfer.evidence`).
+    proof that every step used its cache (:mod:`cheapinfer.evidence`). Every timed call counts the forwards it ran,
+    into ``_curve_forwards[profile.name]`` (:func:`cheapinfer.evidence.timed_forwards`): the timed steps' own proof
+    that they computed.
     """
 
     def measure(profile) -> dict[int, list[float]]:
@@ -153,7 +160,9 @@ def step_times(_curves, _copy_bandwidth, _curve_evidence, _selected, timed, devi
             if "BAT-KNEE" in _selected:
                 before = _knee_before_bound()
                 pending = lambda found: batching.knee_pending(found, KNEE_GAIN, NOISE_SIGMAS, before)  # noqa: E731
-            samples = timed({**steps, "copy": copy}, rounds=ROUNDS, warmup=1, quantities=_curve_quantities(sizes, _selected), claims=_selected, pending=pending)
+            samples = timed({**steps, "copy": copy}, rounds=ROUNDS, warmup=1, quantities=_curve_quantities(sizes, _selected), claims=_selected, pending=pending,
+                            forwards_of=model, uncounted=("copy",))
+            _curve_forwards[profile.name] = evidence.timed_forwards(samples)
             _curves[profile.name] = {b: list(samples[_name(b)].seconds) for b in sizes}
             _copy_bandwidth[profile.name] = moved / samples["copy"].median
             _curve_evidence[profile.name] = evidence.traced_each(model, steps)
@@ -210,7 +219,7 @@ def _power_points(points):
 
 @pytest.mark.claim("BAT-1-TO-16")
 @on_profiles("twin", "book")
-def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, step_times, _copy_bandwidth, _curve_evidence, _selected):
+def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, step_times, _copy_bandwidth, _curve_evidence, _curve_forwards, _selected):
     """BAT-1-TO-16: "From one request to sixteen multiplies throughput by 6.0 and the wait of every individual request by 2.67"."""
     rounds = step_times(profile)
     points = batching.curve(_medians(rounds))
@@ -233,6 +242,7 @@ def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, ste
     claim.verify(
         profile.name,
         **evidence.conditions(used),
+        **_curve_forwards[profile.name],
         **timing.measured({q: found[q] for q in ("throughput_gain", "latency_gain")}),
         rounds=found["throughput_gain"].rounds,
         **_serving(served(profile).device),
@@ -244,7 +254,7 @@ def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, ste
 
 
 @pytest.mark.claim("BAT-KNEE")
-def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence, device):
+def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence, _curve_forwards, device):
     """BAT-KNEE: "From 16 to 32 throughput rises 9% while latency nearly doubles ... Every deployment has such a knee"."""
     model = served(twin).model
     config, dtype_bytes = model.config, next(model.parameters()).element_size()
@@ -297,6 +307,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
     claim.verify(
         "twin",
         **evidence.conditions(used),
+        **_curve_forwards[twin.name],
         knee_found=k.batch is not None,
         knee_searched_up_to=search.searched_up_to,
         knee_searched_stopped=search.stopped,
@@ -326,7 +337,7 @@ KERNEL_ROUNDS = 11  # rounds of the matrix-product probe of a pair that improved
 
 
 @pytest.mark.claim("BAT-TRADEOFF")
-def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_factory, step_times, device, _curve_evidence):
+def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_factory, step_times, device, _curve_evidence, _curve_forwards):
     """BAT-TRADEOFF: "The batch made the server better and every user worse ... No setting improves both"."""
     rounds = step_times(twin)
     # The claim's settings are the batch curve's (powers of two, the rows of the chapter's table that BAT-1-TO-16 and
@@ -379,7 +390,7 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
                     ["pair", "products alone", "the kernel explains the pair"],
                     [[f"{a} -> {b}", probe.medians_ms(a, b), "yes" if (a, b) in explained else "no"] for a, b in t.beyond_noise])
     n = len(rounds[1])
-    claim.verify("twin", **evidence.conditions(_curve_evidence[twin.name]), pairs_improving_both=len(unexplained), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
+    claim.verify("twin", **evidence.conditions(_curve_evidence[twin.name]), **_curve_forwards[twin.name], pairs_improving_both=len(unexplained), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
                  pairs_improving_both_any_pair=[list(p) for p in t.beyond_noise], pairs_kernel_inverted=[list(p) for p in explained],
                  kernel_premise_holds=not explained, kernel_premise_holds_why=premise_why,
                  rounds=n, false_alarm_per_pair=batching.equal_steps_false_alarm(rounds=n, draws=5_000),
@@ -393,7 +404,7 @@ def _spread_row(cost: str, ratio: str, values: list[float], meeting: str) -> lis
 
 
 @pytest.mark.claim("BAT-STATIC-CONT")
-def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_in, step_times, device, _curve_evidence, _selected):
+def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_in, step_times, device, _curve_evidence, _curve_forwards, _selected):
     """BAT-STATIC-CONT: "64 requests ... median 18 tokens, longest 231, 1,874 in total ... throughput improves 1.6x. Mean latency improves more than tenfold"."""
     lengths = batching.skewed_lengths()
     curve = step_times(twin)
@@ -453,6 +464,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     claim.verify(
         "twin",
         **evidence.conditions(used),
+        **_curve_forwards[twin.name],
         **batching.length_stats(lengths),
         throughput_ratio=q(sens.throughput, 0.5),
         latency_ratio=q(sens.latency, 0.5),

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from cheapinfer import accel, hf, kv, rounding, timing
 from cheapinfer.arch import QWEN25_05B, Arch, qwen2_config
+from cheapinfer.evidence import timed_forwards
 from fixtures.plugin import on_profiles
 
 MIB = 2**20
@@ -98,6 +99,12 @@ def _prompts(profile):
 def _cache_use(evidence: dict) -> dict:
     """The measured values every claim that relies on a cache hands to verify."""
     return {"cache_grows_by_one": evidence["cache_grows_by_one"], "logit_change_vs_no_context": evidence["logit_change_vs_no_context"]}
+
+
+def _forwards_text(samples: dict, what: str) -> str:
+    """The forwards each timed call ran (warm-up and extra rounds included), for the report."""
+    runs = "; ".join(f"{name} {s.forwards}" for name, s in samples.items() if s.forwards)
+    return f"forwards of the model run by each timed {what}, counted inside the timed call, in call order: {runs}"
 
 
 def _evidence_text(evidence: dict) -> str:
@@ -366,19 +373,16 @@ def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
     # Each round times one whole generation of each kind; the time to token k of it is the series "<kind>@k".
     variants = {name: kv.marked_generation(generate, profile.model, ids, new, marks, profile.device)
                 for name, generate in (("uncached", kv.greedy_uncached), ("cached", kv.greedy_cached))}
-    samples = timed(variants, rounds=rounds, warmup=0, quantities=kv.speedup_quantities)
+    samples = timed(variants, rounds=rounds, warmup=0, quantities=kv.speedup_quantities, forwards_of=profile.model)
     at = {k: {name: samples[timing.mark_name(name, k)].median for name in variants} for k in marks}
     claim.table(f"Generating T tokens from a {ids.shape[1]}-token prompt ({profile.name}, median of "
                 f"{len(samples['cached'].seconds)} interleaved rounds)", ["T", "uncached s", "cached s", "speedup"],
                 [[k, f"{at[k]['uncached']:.3f}", f"{at[k]['cached']:.3f}", f"{at[k]['uncached'] / at[k]['cached']:.2f}"] for k in marks])
     evidence = kv.generation_evidence(profile.model, ids, 4)
     claim.note(f"the cached generation, traced over 4 tokens: {_evidence_text(evidence)}")
-    forwards = {name: variants[name].forwards for name in variants}  # every call, warm-up and extra rounds included
-    claim.note(f"forwards run by each timed generation of {new} tokens, in call order: "
-               + "; ".join(f"{name} {counts}" for name, counts in forwards.items()))
+    claim.note(_forwards_text(samples, f"generation of {new} tokens"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, kv.speedup_quantities)), rounds=len(samples["cached"].seconds),
-                 timed_forwards=min(c for counts in forwards.values() for c in counts),
-                 timed_forwards_max=max(c for counts in forwards.values() for c in counts), **_cache_use(evidence))
+                 **timed_forwards(samples), **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-HEAD-TIMING")
@@ -437,15 +441,16 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
         return {"prefill_ms_per_token": per_token * 1e3, "decode_ms_per_step": t["decode"] * 1e3, "decode_over_prefill": t["decode"] / per_token}
 
     samples = timed({"prefill": kv.prefill(profile.model, ids), "decode": kv.decode_step(profile.model, cache, P)}, rounds=5, warmup=1,
-                    quantities=quantities)
+                    quantities=quantities, forwards_of=profile.model)
     prefill_per_token = samples["prefill"].median / P
     decode = samples["decode"].median
     claim.table(f"Prefill vs decode ({profile.name}, {P}-token prompt, median of {len(samples['decode'].seconds)} interleaved rounds)",
                 ["phase", "ms", "ms per token"],
                 [["prefill 40 tokens", f"{samples['prefill'].median * 1e3:.1f}", f"{prefill_per_token * 1e3:.2f}"],
                  ["one decode step", f"{decode * 1e3:.1f}", f"{decode * 1e3:.1f}"]])
+    claim.note(_forwards_text(samples, "prefill and decode step"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples["decode"].seconds),
-                 **_cache_use(evidence))
+                 **timed_forwards(samples), **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-DECODE-FLAT")
@@ -459,13 +464,15 @@ def test_decode_step_is_flat_in_context(claim, twin, timed):
     claim.note(f"the timed steps at C = {contexts[0]} and {contexts[-1]}, traced once: {_evidence_text(evidence)}")
     steps = {C: kv.decode_step(twin.model, caches[C], C) for C in contexts}
     ratio = lambda t: {"step_ratio": t[f"C={contexts[-1]}"] / t[f"C={contexts[0]}"]}  # noqa: E731  one set of times -> the claim's quantity
-    samples = timed({f"C={C}": steps[C] for C in contexts}, rounds=7, warmup=1, quantities=ratio)
+    samples = timed({f"C={C}": steps[C] for C in contexts}, rounds=7, warmup=1, quantities=ratio, forwards_of=twin.model)
     ms = [samples[f"C={C}"].median * 1e3 for C in contexts]
     claim.table(f"One decode step vs context C (twin {twin.dtype}, {twin.device}, median of 7 rounds)",
                 ["C", "ms per step", "vs C=16"], [[C, f"{m:.1f}", f"{m / ms[0]:.3f}"] for C, m in zip(contexts, ms)])
     claim.figure("kv-decode-vs-context", _plot(contexts, {"decode step": ms}, "context C (tokens)", "ms per step",
                                                "Decode step vs context (twin)", logx=True, zero=True))
-    claim.verify("twin", **timing.measured(timing.estimates(samples, ratio)), rounds=len(samples[f"C={contexts[0]}"].seconds), **_cache_use(evidence))
+    claim.note(_forwards_text(samples, "decode step"))
+    claim.verify("twin", **timing.measured(timing.estimates(samples, ratio)), rounds=len(samples[f"C={contexts[0]}"].seconds),
+                 **timed_forwards(samples), **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-DECODE-MEMBOUND")
@@ -485,7 +492,8 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
         return {"bandwidth_fraction": achieved / bandwidth, "over_read": achieved / reading, "achieved_gb_s": achieved / 1e9,
                 "copy_gb_s": bandwidth / 1e9, "read_gb_s": reading / 1e9, "decode_efficiency": kv.decode_efficiency(step_bytes, t["decode"], bandwidth)}
 
-    samples = timed({"decode": step, "copy": copy, "read": read}, rounds=7, warmup=1, quantities=quantities)
+    samples = timed({"decode": step, "copy": copy, "read": read}, rounds=7, warmup=1, quantities=quantities, forwards_of=twin.model,
+                    uncounted=("copy", "read"))
     found = timing.estimates(samples, quantities)
     claim.table(f"Decode step as memory traffic (twin {twin.dtype}, {twin.device}, median of {len(samples['decode'].seconds)} interleaved rounds)",
                 ["quantity", "value"], [
@@ -498,7 +506,8 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
         ["fraction of the read (at most 1)", f"{found['over_read'].value:.2f} ± {found['over_read'].se:.2f}"],
         [f"decode efficiency ((weights + {C}-token cache) / step / copy bandwidth)", f"{found['decode_efficiency'].value:.2f}"],
     ])
-    claim.verify("twin", **timing.measured(found), rounds=len(samples["decode"].seconds), **_cache_use(evidence))
+    claim.note(_forwards_text(samples, "decode step"))
+    claim.verify("twin", **timing.measured(found), rounds=len(samples["decode"].seconds), **timed_forwards(samples), **_cache_use(evidence))
 
 
 @pytest.mark.claim("KV-PREFILL-GROWS")
@@ -509,13 +518,16 @@ def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
     ids = _random_ids(max(lengths), twin.device)
     kv.prefill(twin.model, ids[:, :8])()  # warm-up outside the clock
     quantities = lambda t: kv.prefill_growth([t[f"P={P}"] for P in lengths])  # noqa: E731  one set of times -> growth, worst_drop
-    samples = timed({f"P={P}": kv.prefill(twin.model, ids[:, :P]) for P in lengths}, rounds=3, warmup=0, quantities=quantities)
+    samples = timed({f"P={P}": kv.prefill(twin.model, ids[:, :P]) for P in lengths}, rounds=3, warmup=0, quantities=quantities,
+                    forwards_of=twin.model)
     ms = [samples[f"P={P}"].median * 1e3 for P in lengths]
     claim.table(f"Prefill (time to first token) vs prompt length P (twin {twin.dtype}, {twin.device}, median of "
                 f"{len(samples[f'P={lengths[0]}'].seconds)} interleaved rounds)",
                 ["P", "ms", "ms per token"], [[P, f"{m:.1f}", f"{m / P:.2f}"] for P, m in zip(lengths, ms)])
     claim.figure("kv-prefill-vs-prompt", _plot(lengths, {"prefill": ms}, "prompt length P (tokens)", "ms", "Prefill vs prompt length (twin)", zero=True))
-    claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"P={lengths[0]}"].seconds))
+    claim.note(_forwards_text(samples, "prefill"))
+    claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"P={lengths[0]}"].seconds),
+                 **timed_forwards(samples))
 
 
 def _plot(xs, series, xlabel, ylabel, title, logx=False, zero=False):

@@ -38,7 +38,7 @@ def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
     def costs(t) -> dict[str, float]:  # one set of pass times -> the claim's clocked ratios
         return {"cost": t["k=5"] / t["k=1"], "cost_per_position_gamma8": t["k=9"] / (9 * t["k=1"])}
 
-    samples = timed(variants, rounds=5, warmup=1, quantities=costs)
+    samples = timed(variants, rounds=5, warmup=1, quantities=costs, forwards_of=twin.model)
     used = evidence.traced_each(twin.model, variants)  # each timed pass once more, traced, outside the clock
     claim.note(f"the timed verification passes, traced once: {evidence.describe(used)}")
     one = samples["k=1"].median
@@ -46,6 +46,7 @@ def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
     claim.verify(
         "twin",
         **evidence.conditions(used),
+        **evidence.timed_forwards(samples),
         **timing.measured(found),
         rounds=found["cost"].rounds,
         cost_gamma8=samples["k=9"].median / one,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cheapinfer import kv, timing
+from cheapinfer import evidence, kv, timing
 from cheapinfer.timing import Samples
 
 
@@ -41,22 +41,37 @@ def test_prefill_worst_drop_per_round_is_that_rounds_worst_pair():
     assert est.se > 0
 
 
-def test_marked_generation_returns_the_seconds_to_each_marked_token_and_counts_its_forwards():
+def test_marked_generation_returns_the_seconds_to_each_marked_token():
     seen = []
-    model = torch.nn.Linear(2, 2)
 
     def generate(model, ids, new_tokens, on_step):
         for k in range(1, new_tokens + 1):
             seen.append(k)
-            if k % 2:  # a forward on odd tokens only: the count is what ran, not the tokens
-                model(torch.zeros(2))
             on_step(k)
 
-    go = kv.marked_generation(generate, model, None, 6, (1, 3, 6), "cpu")
-    marks = go()
+    marks = kv.marked_generation(generate, None, None, 6, (1, 3, 6), "cpu")()
     assert isinstance(marks, timing.Marks) and list(marks) == [1, 3, 6] and seen == [1, 2, 3, 4, 5, 6]
     assert 0 <= marks[1] <= marks[3] <= marks[6]
-    go()
-    assert go.forwards == [3, 3]
+
+
+def test_each_timed_call_counts_the_forwards_it_ran_and_a_replayed_step_counts_none():
+    model, probed = torch.nn.Sequential(torch.nn.Linear(2, 2)), []
+    kept = []
+
+    def step():  # runs the model on its first call only, then replays (a step cached by its arguments)
+        if not kept:
+            kept.append(model(torch.zeros(2)))
+        return kept[0]
+
+    counts: dict[str, list[int]] = {}
+    probe = lambda: probed.append(1)  # noqa: E731  a probe beside the steps, running no model
+    variants = evidence.counted(model, {"twice": lambda: (model(torch.zeros(2)), model(torch.ones(2))), "replayed": step, "copy": probe},
+                                counts, uncounted=("copy",))
+    for _ in range(3):
+        for fn in variants.values():
+            fn()
+    assert counts == {"twice": [2, 2, 2], "replayed": [1, 0, 0]} and probed == [1, 1, 1]
     model(torch.zeros(2))  # outside a timed call: not counted, the hook is gone
-    assert go.forwards == [3, 3] and not model._forward_pre_hooks
+    assert counts["twice"] == [2, 2, 2] and not model._forward_pre_hooks
+    samples = {name: Samples(name, [0.1] * 3, c) for name, c in counts.items()} | {"copy": Samples("copy", [0.1] * 3)}
+    assert evidence.timed_forwards(samples) == {"timed_forwards": 0, "timed_forwards_max": 2}

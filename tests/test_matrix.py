@@ -30,7 +30,7 @@ def record(step_ratio: float = 1.05, se: float = 0.01, growth: float = 8.0, load
     and KV-HEAD-TIMING (ratio_growth > 2)."""
     rec = Recorder()
     rec.verify("KV-DECODE-FLAT", "twin", "cpu", {"step_ratio": step_ratio, "step_ratio_se": se, "rounds": 7, "cache_grows_by_one": True,
-                                                 "logit_change_vs_no_context": 1.0}, load=load or {})
+                                                 "logit_change_vs_no_context": 1.0, "timed_forwards": 1, "timed_forwards_max": 1}, load=load or {})
     rec.verify("KV-HEAD-TIMING", "twin", "cpu", {"ratio_growth": growth, "ratio_at_4096": 200.0, "cached_score_rows": 1}, load=load or {})
     return report.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, TESTED)
 

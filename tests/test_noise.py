@@ -68,7 +68,7 @@ def test_an_inconclusive_claim_is_neither_green_nor_red_and_the_report_says_why(
         "import pytest\n\n"
         "@pytest.mark.claim('KV-DECODE-FLAT')\n"
         "def test_flat(claim):\n"
-        "    claim.verify('twin', step_ratio=1.2, step_ratio_se=0.5, cache_grows_by_one=True, logit_change_vs_no_context=1.0)\n"
+        "    claim.verify('twin', step_ratio=1.2, step_ratio_se=0.5, cache_grows_by_one=True, logit_change_vs_no_context=1.0, timed_forwards=1, timed_forwards_max=1)\n"
     )
     reports = tmp_path / "reports"
     run = python_m("pytest", str(test), "-p", "fixtures.plugin", "-p", "no:cacheprovider", "-q", "-rx",
