@@ -142,6 +142,12 @@ def timed_forwards(samples: Mapping[str, object]) -> dict[str, int]:
     return {"timed_forwards": min(every), "timed_forwards_max": max(every)}
 
 
+def describe_timed(samples: Mapping[str, object], what: str) -> str:
+    """One line for the report: the forwards each timed call of :func:`counted` ran, per variant, in call order."""
+    runs = "; ".join(f"{name} {s.forwards}" for name, s in samples.items() if s.forwards)
+    return f"forwards of the model run by each timed {what}, counted inside the timed call, in call order: {runs}"
+
+
 def conditions(evidence: Mapping[str, object]) -> dict[str, object]:
     """The measured values a claim hands to its verdict (:data:`CONDITIONS`) and the counts behind them."""
     return {k: evidence[k] for k in (*CONDITIONS, *COUNTS)}

@@ -239,6 +239,8 @@ def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, ste
     claim.figure(f"bat-decode-efficiency{suffix}", _efficiency_plot(_power_points(points), efficiency, profile.name))
     used = _curve_evidence[profile.name]
     claim.note(f"each timed step, traced once: {evidence.describe(used)}")
+    claim.note(f"forwards of the model run by the timed decode steps: at least {_curve_forwards[profile.name]['timed_forwards']} "
+               f"and at most {_curve_forwards[profile.name]['timed_forwards_max']} per call")
     claim.verify(
         profile.name,
         **evidence.conditions(used),

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from cheapinfer import accel, hf, kv, rounding, timing
 from cheapinfer.arch import QWEN25_05B, Arch, qwen2_config
-from cheapinfer.evidence import timed_forwards
+from cheapinfer.evidence import describe_timed, timed_forwards
 from fixtures.plugin import on_profiles
 
 MIB = 2**20
@@ -99,12 +99,6 @@ def _prompts(profile):
 def _cache_use(evidence: dict) -> dict:
     """The measured values every claim that relies on a cache hands to verify."""
     return {"cache_grows_by_one": evidence["cache_grows_by_one"], "logit_change_vs_no_context": evidence["logit_change_vs_no_context"]}
-
-
-def _forwards_text(samples: dict, what: str) -> str:
-    """The forwards each timed call ran (warm-up and extra rounds included), for the report."""
-    runs = "; ".join(f"{name} {s.forwards}" for name, s in samples.items() if s.forwards)
-    return f"forwards of the model run by each timed {what}, counted inside the timed call, in call order: {runs}"
 
 
 def _evidence_text(evidence: dict) -> str:
@@ -380,7 +374,7 @@ def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
                 [[k, f"{at[k]['uncached']:.3f}", f"{at[k]['cached']:.3f}", f"{at[k]['uncached'] / at[k]['cached']:.2f}"] for k in marks])
     evidence = kv.generation_evidence(profile.model, ids, 4)
     claim.note(f"the cached generation, traced over 4 tokens: {_evidence_text(evidence)}")
-    claim.note(_forwards_text(samples, f"generation of {new} tokens"))
+    claim.note(describe_timed(samples, f"generation of {new} tokens"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, kv.speedup_quantities)), rounds=len(samples["cached"].seconds),
                  **timed_forwards(samples), **_cache_use(evidence))
 
@@ -448,7 +442,7 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
                 ["phase", "ms", "ms per token"],
                 [["prefill 40 tokens", f"{samples['prefill'].median * 1e3:.1f}", f"{prefill_per_token * 1e3:.2f}"],
                  ["one decode step", f"{decode * 1e3:.1f}", f"{decode * 1e3:.1f}"]])
-    claim.note(_forwards_text(samples, "prefill and decode step"))
+    claim.note(describe_timed(samples, "prefill and decode step"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples["decode"].seconds),
                  **timed_forwards(samples), **_cache_use(evidence))
 
@@ -470,7 +464,7 @@ def test_decode_step_is_flat_in_context(claim, twin, timed):
                 ["C", "ms per step", "vs C=16"], [[C, f"{m:.1f}", f"{m / ms[0]:.3f}"] for C, m in zip(contexts, ms)])
     claim.figure("kv-decode-vs-context", _plot(contexts, {"decode step": ms}, "context C (tokens)", "ms per step",
                                                "Decode step vs context (twin)", logx=True, zero=True))
-    claim.note(_forwards_text(samples, "decode step"))
+    claim.note(describe_timed(samples, "decode step"))
     claim.verify("twin", **timing.measured(timing.estimates(samples, ratio)), rounds=len(samples[f"C={contexts[0]}"].seconds),
                  **timed_forwards(samples), **_cache_use(evidence))
 
@@ -506,7 +500,7 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
         ["fraction of the read (at most 1)", f"{found['over_read'].value:.2f} ± {found['over_read'].se:.2f}"],
         [f"decode efficiency ((weights + {C}-token cache) / step / copy bandwidth)", f"{found['decode_efficiency'].value:.2f}"],
     ])
-    claim.note(_forwards_text(samples, "decode step"))
+    claim.note(describe_timed(samples, "decode step"))
     claim.verify("twin", **timing.measured(found), rounds=len(samples["decode"].seconds), **timed_forwards(samples), **_cache_use(evidence))
 
 
@@ -525,7 +519,7 @@ def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
                 f"{len(samples[f'P={lengths[0]}'].seconds)} interleaved rounds)",
                 ["P", "ms", "ms per token"], [[P, f"{m:.1f}", f"{m / P:.2f}"] for P, m in zip(lengths, ms)])
     claim.figure("kv-prefill-vs-prompt", _plot(lengths, {"prefill": ms}, "prompt length P (tokens)", "ms", "Prefill vs prompt length (twin)", zero=True))
-    claim.note(_forwards_text(samples, "prefill"))
+    claim.note(describe_timed(samples, "prefill"))
     claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"P={lengths[0]}"].seconds),
                  **timed_forwards(samples))
 

@@ -41,6 +41,7 @@ def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
     samples = timed(variants, rounds=5, warmup=1, quantities=costs, forwards_of=twin.model)
     used = evidence.traced_each(twin.model, variants)  # each timed pass once more, traced, outside the clock
     claim.note(f"the timed verification passes, traced once: {evidence.describe(used)}")
+    claim.note(evidence.describe_timed(samples, "verification pass"))
     one = samples["k=1"].median
     found = timing.estimates(samples, costs)
     claim.verify(
