@@ -330,3 +330,31 @@ def test_the_options_are_added_exactly_once_with_or_without_the_entry_point(how,
                           "--report-dir", str(tmp_path), "--fault", "kv-bytes-counts-query-heads", "--help", cwd=ROOT, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert run.stdout.count("--report-dir=DIR") == 1 and run.stdout.count("chapter claims:") == 1
+
+
+def test_a_package_that_is_not_this_checkouts_is_one_line(tmp_path):
+    """tox installs the package into its environment unless told ``package = editable``: the tests of this checkout
+    then ran on a copy in site-packages, which finds no claims/ beside it, and 8 harness tests failed obscurely."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "cheapinfer", site / "cheapinfer", ignore=shutil.ignore_patterns("__pycache__"))
+    # The copy is imported as the package before pytest starts, as an installed one would be found first.
+    start = ("import importlib.util, sys; "
+             f"spec = importlib.util.spec_from_file_location('cheapinfer', {str(site / 'cheapinfer' / '__init__.py')!r}, "
+             f"submodule_search_locations=[{str(site / 'cheapinfer')!r}]); "
+             "package = importlib.util.module_from_spec(spec); sys.modules['cheapinfer'] = package; spec.loader.exec_module(package); "
+             "import pytest; sys.exit(pytest.main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", start, "-p", "no:cacheprovider", f"--report-dir={tmp_path / 'reports'}",
+                          "tests/test_budget_cli.py", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert _one_line(run, 4) == (f"ERROR: the cheapinfer package is imported from {site / 'cheapinfer'}, not from this checkout "
+                                 f"({ROOT / 'cheapinfer'}): install the checkout editable (pip install -e '.[test]'), so that the "
+                                 "package and claims/ are the same version")
+    assert not (tmp_path / "reports").exists()
+
+
+def test_this_checkouts_package_is_accepted():
+    from fixtures.plugin import package_elsewhere
+
+    assert package_elsewhere(ROOT / "cheapinfer") is None
+    assert package_elsewhere(ROOT / "cheapinfer" / ".." / "cheapinfer") is None
