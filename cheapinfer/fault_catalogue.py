@@ -1029,6 +1029,28 @@ def _spec_verify_replays():
 
 
 @fault(
+    "spec-plain-generation-replayed-from-store",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-REAL-SLOWDOWN",),
+    what="plain greedy generation (no draft) keeps a store keyed by its model, prompt and length (a response cache) and returns the stored run for a prompt it has seen without running the model, so every timed round of the baseline after the first times a lookup and speculation looks slower than ever",
+)
+def _spec_plain_generation_replayed():
+    real, store = speculative.generate, {}
+
+    def replaying(target, prompt, new_tokens, draft=None, gamma=4, stop_at_eos=True):
+        if draft is not None:
+            return real(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
+        key = (id(target), tuple(prompt), new_tokens, stop_at_eos)
+        if key not in store:
+            store[key] = real(target, prompt, new_tokens, stop_at_eos=stop_at_eos)
+        return store[key]
+
+    with patched(speculative, "generate", replaying):
+        yield
+
+
+@fault(
     "spec-target-cache-keyword-dropped",
     section="SPEC",
     kind=DISABLED,

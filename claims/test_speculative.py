@@ -261,6 +261,7 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
         rounds=3,
         warmup=1,
         quantities=slowdown,
+        forwards_of=stand_in.model,
     )
     found = timing.estimates(samples, slowdown)
     claim.note(
@@ -268,9 +269,11 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
         "costs as much as the target (c ~ 1): the formula predicts E / (gamma c + 1) ~ 1 / 5."
     )
     claim.note(f"the speculative loop, traced once: {evidence.describe(used)}")
+    claim.note(evidence.describe_timed(samples, f"generation of {new} tokens"))
     claim.verify(
         "stand-in",
         **evidence.conditions(used),
+        **evidence.timed_forwards(samples),
         **timing.measured(found),
         rounds=found["slowdown"].rounds,
         alpha=probe.alpha,
