@@ -1,12 +1,20 @@
 """Executable claims of the chapter "Making inference cheap: KV cache, batching and quantization".
 
-One measurement module per chapter section (``kv``, ``batching``, ``quant``, ``outliers``,
-``evaluation``, ``speculative``, ``distill``, ``budget``, ``asides``), the claim registry
-(``registry``), the three model profiles (``models``) and the report writer (``report``).
-Everything here works without pytest; the test suite under ``claims/`` is a thin layer on top.
+The package has five wings; imports go down or sideways, never up (``tests/test_layout.py``):
+
+- ``chapter/``: the book, one module per section and what it measures (``kv``, ``batching``,
+  ``quant``, ``evaluation``, ``speculative``, ...). Imports ``runtime/`` only.
+- ``runtime/``: what the sections stand on: devices, clocks, models and profiles, pinned artifacts,
+  and ``hf``, the one place that speaks to transformers. Imports nothing else of the package.
+- ``harness/``: claim -> verdict -> record -> report, ``compare`` and the ISA and stress matrix. No torch.
+- ``faults/``: the catalogue of faults in the measured system and the runner that injects them.
+- ``reference/``: the vLLM engine and its report (optional, ``tox -e vllm``).
+
+Everything here works without pytest; the tests under ``claims/`` are a thin layer on top.
 """
 
 import os
+from pathlib import Path
 
 # Nothing in this suite may fetch weights from a hub at run time. Set before any
 # huggingface_hub import so that every loader in the process sees it.
@@ -18,3 +26,6 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 SEED = 20241
 
 __version__ = "0.1.0"
+
+#: The checkout this package was imported from (``claims/``, ``reports/`` and ``pyproject.toml`` live there).
+CHECKOUT = Path(__file__).resolve().parent.parent

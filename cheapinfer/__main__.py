@@ -19,9 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .cli import Parser, nonempty, timing_threads
+from . import CHECKOUT
+from .runtime.cli import Parser, nonempty, timing_threads
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = CHECKOUT
 #: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).
 _NOTHING_SELECTED = 5
 
@@ -47,11 +48,11 @@ def _verify(argv: list[str]) -> int:
     p.add_argument("--report-dir", metavar="DIR", type=lambda text: Path(nonempty(text)), default=ROOT / "reports",
                    help="where run.json and errata.md are written (default: reports/ of the checkout)")
     p.add_argument("--claims", metavar="ID,ID", type=nonempty, help="run only the tests of these claims")
-    checks = p.add_argument_group("the suite's checks of its own verdicts (cheapinfer.matrix)")
+    checks = p.add_argument_group("the suite's checks of its own verdicts (cheapinfer.harness.matrix)")
     checks.add_argument("--isa-matrix", action="store_true",
                         help="run the kernel-dependent claims under each CPU kernel family, one pytest run each (reports/isa/); exit 1 when a claim "
                              "is green in one family and deviates in another")
-    from .matrix import FAMILIES
+    from .harness.matrix import FAMILIES
 
     checks.add_argument("--families", metavar="NAME,NAME", type=nonempty,
                         help=f"with --isa-matrix: these kernel families only (default: all of {', '.join(FAMILIES)})")
@@ -71,8 +72,8 @@ def _verify(argv: list[str]) -> int:
         p.error("--quiet-record goes with --stress")
     if args.isa_matrix and args.device not in ("auto", "cpu"):
         p.error(f"--isa-matrix caps the CPU's kernels: it runs on the CPU, not --device {args.device}")
-    from . import report
-    from .device import DeviceUnavailable, pick
+    from .harness import report
+    from .runtime.device import DeviceUnavailable, pick
 
     try:
         device = pick("cpu" if args.isa_matrix else args.device)
@@ -119,9 +120,9 @@ def _verify(argv: list[str]) -> int:
 
 
 def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
-    """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.matrix`."""
-    from . import matrix, report
-    from .compare import RecordError, check_record
+    """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.harness.matrix`."""
+    from .harness import matrix, report
+    from .harness.compare import RecordError, check_record
 
     if args.isa_matrix:
         try:
@@ -205,7 +206,7 @@ def _run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
 
 
 def _fetch(argv: list[str]) -> int:
-    from . import artifacts, models
+    from .runtime import artifacts, models
 
     Parser(prog="cheapinfer fetch", description="Download the pinned artifacts into the cache (CHEAPINFER_CACHE, else the user cache directory) and convert the stand-in once.").parse_args(argv)
     try:
@@ -220,11 +221,11 @@ def _fetch(argv: list[str]) -> int:
 
 
 _DELEGATED = {
-    "budget": "cheapinfer.budget",
-    "compare": "cheapinfer.compare",
-    "merge": "cheapinfer.compare",
-    "faults": "cheapinfer.faults",
-    "engine": "cheapinfer.engine",
+    "budget": "cheapinfer.chapter.budget",
+    "compare": "cheapinfer.harness.compare",
+    "merge": "cheapinfer.harness.compare",
+    "faults": "cheapinfer.faults.runner",
+    "engine": "cheapinfer.reference.engine",
 }
 #: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
 _TIMED = ("verify", "faults", "engine")

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from cheapinfer import asides, kv, rounding
+from cheapinfer.chapter import asides, kv
+from cheapinfer.runtime import rounding
 
 MIB = 2**20
 
@@ -50,7 +51,7 @@ def _attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     (u |s - max| P_s), exp (2) and division (1), moving it by v_sj each; the normaliser's n sums,
     scaling the output (u |o_j| each); the weighted sum's 2n, and as many again for a kernel that
     rescales its partial output once per block of keys (u sum_s P_s |v_sj| each). The bound is
-    LAMBDA sqrt(sum of the squares) (Hoeffding, as in cheapinfer.rounding); both paths are within it
+    LAMBDA sqrt(sum of the squares) (Hoeffding, as in cheapinfer.runtime.rounding); both paths are within it
     of the exact output, so they differ by at most twice it.
     """
     u = rounding.unit_roundoff(torch.float32)

@@ -12,8 +12,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, strategies as st  # noqa: E402
 
-from cheapinfer import accel, batching, evidence, kv, models, paging, timing  # noqa: E402
-from cheapinfer.registry import NOISE_SIGMAS  # noqa: E402
+from cheapinfer.runtime import accel, evidence, models, timing  # noqa: E402
+from cheapinfer.chapter import batching, kv, paging
+from cheapinfer.harness.registry import NOISE_SIGMAS  # noqa: E402
 from fixtures.plugin import on_profiles  # noqa: E402
 
 CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
@@ -42,7 +43,7 @@ def _batch_sizes(claims: set[str], device: torch.device) -> list[int]:
     BAT-1-TO-16: 1, 2, 4, 8, 16. BAT-STATIC-CONT: 1..8 (the step costs of 1..8 occupied slots).
     BAT-KNEE and BAT-TRADEOFF: the powers of two up to 128 (256 on CUDA, where it is cheap), the rows of the
     chapter's table. Where the knee lies beyond them, BAT-KNEE's own search doubles on
-    (:func:`cheapinfer.batching.search_knee`): with AMX bf16 kernels one CPU thread still gained 1.31x at
+    (:func:`cheapinfer.chapter.batching.search_knee`): with AMX bf16 kernels one CPU thread still gained 1.31x at
     128 -> 256 and 1.07x at 256 -> 512. BAT-TRADEOFF compares every pair of what is measured here.
     """
     sizes = set(_powers(16))
@@ -108,7 +109,7 @@ def _curve_quantities(sizes: list[int], selected: tuple[str, ...]):
 
 def _knee_before_bound() -> float:
     """The bound of BAT-KNEE's gain_before_knee check, read from the registry (the rounds are spent to decide it)."""
-    from cheapinfer import registry
+    from cheapinfer.harness import registry
 
     return float(next(c.bound for c in registry.get("BAT-KNEE").checks if c.q == "gain_before_knee"))
 
@@ -141,12 +142,12 @@ def step_times(_curves, _copy_bandwidth, _curve_evidence, _curve_forwards, _sele
     claims of this module need are measured (all of them in a full run). The rounds go on, past ``ROUNDS``,
     while a noisy check of a selected claim cannot decide (``timed(quantities=..., claims=...)``): BAT-1-TO-16's
     gains, BAT-STATIC-CONT's seeded ratios, and for BAT-KNEE the doublings that keep its knee open
-    (:func:`cheapinfer.batching.knee_pending`). The device's copy bandwidth
+    (:func:`cheapinfer.chapter.batching.knee_pending`). The device's copy bandwidth
     (bytes/s) is timed in the same interleaved rounds, under the same load, into
     ``_copy_bandwidth[profile.name]``: the bound that decode efficiency is read against. Each timed step
     is then run once more under a trace, outside the clock, into ``_curve_evidence[profile.name]``: the
-    proof that every step used its cache (:mod:`cheapinfer.evidence`). Every timed call counts the forwards it ran,
-    into ``_curve_forwards[profile.name]`` (:func:`cheapinfer.evidence.timed_forwards`): the timed steps' own proof
+    proof that every step used its cache (:mod:`cheapinfer.runtime.evidence`). Every timed call counts the forwards it ran,
+    into ``_curve_forwards[profile.name]`` (:func:`cheapinfer.runtime.evidence.timed_forwards`): the timed steps' own proof
     that they computed.
     """
 

@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from cheapinfer import budget
-from cheapinfer.budget import GIB, MODELS, TABLE_BITS
+from cheapinfer.chapter import budget
+from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
 
 
 @pytest.mark.claim("BUD-13B-8GB")

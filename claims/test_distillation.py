@@ -6,7 +6,9 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from cheapinfer import distill, registry, rounding
+from cheapinfer.chapter import distill
+from cheapinfer.harness import registry
+from cheapinfer.runtime import rounding
 from fixtures.plugin import on_profiles
 
 # The book's printed top five, from the registry: ' jug' 0.1355, ' cup' 0.1051, ...

@@ -9,7 +9,9 @@ import math
 import pytest
 import torch
 
-from cheapinfer import evaluation, independence, registry, rounding
+from cheapinfer.chapter import evaluation, independence
+from cheapinfer.harness import registry
+from cheapinfer.runtime import rounding
 from fixtures.plugin import on_profiles
 
 INT4 = ("int4-tensor", "int4-row", "int4-g128", "nf4")
@@ -213,7 +215,7 @@ def test_agreement_orders_schemes_like_perplexity(claim, profile, evaluation_tab
 def _self_disagreements(model, continuations) -> list[str]:
     """The reference's own guesses, teacher-forced on its greedy tokens (the agreement column's pass and alignment),
     where they differ from those tokens, each judged against the first-order bound of its rounding
-    (:func:`cheapinfer.rounding.compare_greedy`); judging stops at the first that is not a near-tie."""
+    (:func:`cheapinfer.runtime.rounding.compare_greedy`); judging stops at the first that is not a near-tie."""
     rows = [c.prompt + c.tokens for c in continuations]
     ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)  # right padding, as the agreement pass
     for i, r in enumerate(rows):

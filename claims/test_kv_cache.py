@@ -1,6 +1,6 @@
 """Section 1 of the chapter: the KV cache.
 
-Measurements live in ``cheapinfer.kv``; these tests pick sizes, hand the numbers to the registry
+Measurements live in ``cheapinfer.chapter.kv``; these tests pick sizes, hand the numbers to the registry
 and regenerate the chapter's lost tables in its shape. Timing sizes are chosen so the whole module
 runs in a few minutes on a 2-core CPU with the fp32 twin.
 """
@@ -11,9 +11,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from cheapinfer import accel, hf, kv, rounding, timing
-from cheapinfer.arch import QWEN25_05B, Arch, qwen2_config
-from cheapinfer.evidence import describe_timed, timed_forwards
+from cheapinfer.runtime import accel, hf, rounding, timing
+from cheapinfer.chapter import kv
+from cheapinfer.runtime.arch import QWEN25_05B, Arch, qwen2_config
+from cheapinfer.runtime.evidence import describe_timed, timed_forwards
 from fixtures.plugin import on_profiles
 
 MIB = 2**20
@@ -261,7 +262,7 @@ def _head_row_bound(head: kv.Head) -> torch.Tensor:
     (u |s - max| P), exp (2 of u P) and the division (u P), and the normaliser's n sums, which scale
     every probability alike (n u^2); each output, 2n roundings of u sum_s P_s |v_s|. The bound of
     output j is LAMBDA sqrt(sum (d o_j / d site)^2 x its squares) (Hoeffding, as in
-    cheapinfer.rounding). Both paths compute this function (the cache holds keys and values
+    cheapinfer.runtime.rounding). Both paths compute this function (the cache holds keys and values
     projected in another product shape), so they differ by at most twice it.
     """
     u = rounding.unit_roundoff(head.x.dtype)

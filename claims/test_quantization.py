@@ -6,8 +6,10 @@ import torch
 from hypothesis import example, given, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cheapinfer import evidence, formats, lowbit, quant, registry, rounding, timing
-from cheapinfer.arch import QWEN25_05B
+from cheapinfer.runtime import evidence, rounding, timing
+from cheapinfer.chapter import formats, lowbit, quant
+from cheapinfer.harness import registry
+from cheapinfer.runtime.arch import QWEN25_05B
 from fixtures.plugin import on_profiles
 
 BOOK_DOWN_PROJ = "model.layers.12.mlp.down_proj.weight"

@@ -15,8 +15,11 @@ import torch
 from hypothesis import given, strategies as st
 from scipy import stats
 
-from cheapinfer import SEED, evaluation, evidence, registry, rounding, speculative as spec, timing
-from cheapinfer.quant import SCHEMES
+from cheapinfer import SEED
+from cheapinfer.chapter import evaluation, speculative as spec
+from cheapinfer.runtime import evidence, rounding, timing
+from cheapinfer.harness import registry
+from cheapinfer.chapter.quant import SCHEMES
 from fixtures.evaluation import SPEC_GAMMA
 from fixtures.plugin import on_profiles
 

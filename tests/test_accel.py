@@ -1,4 +1,4 @@
-"""The CPU counterparts of what ``cheapinfer.accel`` does on CUDA: clock, memory peak, copy bandwidth,
+"""The CPU counterparts of what ``cheapinfer.runtime.accel`` does on CUDA: clock, memory peak, copy bandwidth,
 attention kernel, device description; and decode efficiency, which reads a step against that bandwidth."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
-from cheapinfer import accel, kv
-from cheapinfer.arch import qwen2_config
+from cheapinfer.runtime import accel
+from cheapinfer.chapter import kv
+from cheapinfer.runtime.arch import qwen2_config
 
 CPU = torch.device("cpu")
 
@@ -79,7 +80,7 @@ def test_describe_cpu_says_no_gpu_and_names_the_attention_kernel():
 
 
 def test_decode_bytes_are_the_weights_and_the_caches_the_step_reads():
-    from cheapinfer import hf
+    from cheapinfer.runtime import hf
 
     config = qwen2_config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256)
     model = hf.from_config(config)
@@ -93,7 +94,7 @@ def test_decode_bytes_are_the_weights_and_the_caches_the_step_reads():
 def test_map_untimed_keeps_the_order_and_gives_back_the_thread_count():
     import torch
 
-    from cheapinfer.device import map_untimed
+    from cheapinfer.runtime.device import map_untimed
 
     before = torch.get_num_threads()
     seen = []

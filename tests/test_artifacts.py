@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import artifacts, models
+from cheapinfer.runtime import artifacts, models
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from cheapinfer import __main__ as cli, compare as cmp, report
-from cheapinfer.record import Recorder
+from cheapinfer import __main__ as cli
+from cheapinfer.harness import compare as cmp, report
+from cheapinfer.harness.record import Recorder
 from harness import python_m
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"

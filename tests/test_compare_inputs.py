@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import compare as cmp, registry, report
+from cheapinfer.harness import compare as cmp, registry, report
 from harness import python_m
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"

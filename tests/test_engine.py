@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from cheapinfer import batching, engine
+from cheapinfer.chapter import batching
+from cheapinfer.reference import engine
 from cheapinfer.__main__ import main
 
 

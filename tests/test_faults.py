@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import faults, registry
+from cheapinfer.faults import core, runner as faults
+from cheapinfer.harness import registry
 from harness import python_m
-from cheapinfer import record
+from cheapinfer.harness import claimfiles, record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_fault_patches_existing_code_and_restores_it(name):
     """A fault whose target was renamed would be silently inert: entering it must patch a real attribute."""
     f = faults.catalogue()[name]
-    assert f.kind in faults.KINDS and f.what.strip()
+    assert f.kind in core.KINDS and f.what.strip()
     assert set(f.targets) <= set(registry.load()), f"{name} names claims the registry lacks"
-    assert set(f.targets) <= set(record.tested_ids(ROOT / "claims")), f"{name} names claims without a test"
+    assert set(f.targets) <= set(claimfiles.tested_ids(ROOT / "claims")), f"{name} names claims without a test"
     with f.activate():
         pass
 
@@ -48,7 +49,7 @@ def test_the_runner_reports_a_fault_that_turns_nothing_red(monkeypatch, tmp_path
 
 
 def test_clocked_claims_are_the_ones_whose_tests_read_a_clock():
-    clocked = faults.clocked_claims()
+    clocked = claimfiles.clocked_claims()
     assert {"KV-SPEEDUP-48", "BAT-TRADEOFF", "BAT-STATIC-CONT", "Q-BYTES-SPEED", "SPEC-REAL-SLOWDOWN", "KV-HEAD-TIMING"} <= clocked
     # PAGE-* set a thread count (timing.cpu_threads) but read no clock.
     assert not clocked & {"KV-IDENTITY", "KV-BYTES-FORMULA", "Q-ABSMAX", "EVAL-TABLE", "SPEC-EXACT-GREEDY", "KV-MEMORY-8.3X", "PAGE-WASTE", "PAGE-PREFIX"}
@@ -57,14 +58,14 @@ def test_clocked_claims_are_the_ones_whose_tests_read_a_clock():
 def test_faults_on_slow_claims_start_first_when_there_is_no_last_run(monkeypatch, tmp_path):
     """Without a previous faults.json, the faults whose claims have a slow test (EVAL-TABLE's seven rows,
     SPEC-EXACT-GREEDY's six drafts) must not start last, or a long one runs alone at the end."""
-    assert {"EVAL-TABLE", "SPEC-EXACT-GREEDY"} <= faults.slow_claims()
+    assert {"EVAL-TABLE", "SPEC-EXACT-GREEDY"} <= claimfiles.slow_claims()
     cat = faults.catalogue()
     names = list(cat)
     log = _logging_runner(monkeypatch, red=lambda cid: True)
     faults.run(names, 1, tmp_path, echo=lambda line: None, workers=1)
     order = [name for name, *_ in log]
     # the counted phase runs each fault's claims that read no clock: a slow clocked claim (KV-SPEEDUP-48) runs alone later
-    slow = [n for n in names if (set(cat[n].targets) - faults.clocked_claims()) & faults.slow_claims()]
+    slow = [n for n in names if (set(cat[n].targets) - claimfiles.clocked_claims()) & claimfiles.slow_claims()]
     assert slow and set(order[: len(slow)]) == set(slow), order
 
 
@@ -85,8 +86,8 @@ def _logging_runner(monkeypatch, red):
             active.remove(f.name)
         out = {}
         for cid in claims:
-            out[cid] = faults.RED if red(cid) else registry.SHAPE_HOLDS
-            if stop and out[cid] == faults.RED:
+            out[cid] = record.RED if red(cid) else registry.SHAPE_HOLDS
+            if stop and out[cid] == record.RED:
                 break
         return out
 
@@ -97,7 +98,7 @@ def _logging_runner(monkeypatch, red):
 @pytest.mark.parametrize("all_targets", [False, True], ids=["sweep", "all-targets"])
 def test_clocked_claims_never_run_beside_another_fault(monkeypatch, tmp_path, all_targets):
     """A neighbour's load must never be what turned a timing claim red: clocked claims run alone, after the rest."""
-    cat, clocked = faults.catalogue(), faults.clocked_claims()
+    cat, clocked = faults.catalogue(), claimfiles.clocked_claims()
     mixed = next(n for n, f in cat.items() if set(f.targets) & clocked and set(f.targets) - clocked)
     only_clocked = next(n for n, f in cat.items() if set(f.targets) <= clocked)
     counted = [n for n, f in cat.items() if not set(f.targets) & clocked][:3]
@@ -117,14 +118,14 @@ def test_clocked_claims_never_run_beside_another_fault(monkeypatch, tmp_path, al
 
 def test_the_sweep_stops_at_the_first_red_claim(monkeypatch, tmp_path):
     """Caught by an unclocked claim, a fault never runs its clocked claims; those are reported as not reached."""
-    cat, clocked = faults.catalogue(), faults.clocked_claims()
+    cat, clocked = faults.catalogue(), claimfiles.clocked_claims()
     mixed = next(n for n, f in cat.items() if set(f.targets) & clocked and set(f.targets) - clocked)
     log = _logging_runner(monkeypatch, red=lambda cid: True)
     result = faults.run([mixed], 2, tmp_path, echo=lambda line: None)
     assert [set(claims) & clocked for _, claims, *_ in log] == [set(), set()]
     for run in result["faults"][mixed]["runs"]:
-        assert sorted(v for v in run.values() if v == faults.RED) == [faults.RED]
-        assert all(v == faults.RED or v.startswith(faults.NOT_REACHED) for v in run.values())
+        assert sorted(v for v in run.values() if v == record.RED) == [record.RED]
+        assert all(v == record.RED or v.startswith(record.NOT_REACHED) for v in run.values())
 
 
 def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
@@ -135,9 +136,9 @@ def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
     run = faults.last_run(tmp_path)["faults"][name]
     assert run["caught"] == 1
     verdicts = run["runs"][0]
-    red = [cid for cid, v in verdicts.items() if v == faults.RED]
+    red = [cid for cid, v in verdicts.items() if v == record.RED]
     assert len(red) == 1 and f"| {name} | wrong constant | {red[0]} | red 1/1 |" in proc.stdout, proc.stdout
-    assert all(v.startswith(f"{faults.NOT_REACHED}: caught by {red[0]}") for cid, v in verdicts.items() if cid != red[0]), verdicts
+    assert all(v.startswith(f"{record.NOT_REACHED}: caught by {red[0]}") for cid, v in verdicts.items() if cid != red[0]), verdicts
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["fork-server", "fresh-interpreter"])
@@ -200,7 +201,7 @@ def test_sigterm_stops_the_fault_runs_and_removes_their_temporary_directory(tmp_
     assert [line for line in err.splitlines() if line.strip()] == [
         "cheapinfer faults: terminated (SIGTERM): the running fault runs were stopped and their temporary directory removed; nothing was written"
     ]
-    assert not list(temp.glob("cheapinfer-faults-*")) and not (tmp_path / "out" / faults.RESULT_NAME).exists()
+    assert not list(temp.glob("cheapinfer-faults-*")) and not (tmp_path / "out" / record.RESULT_NAME).exists()
     deadline = time.monotonic() + 30  # the fork server notices its parent is gone and exits
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.2)

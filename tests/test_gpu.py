@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cheapinfer import compare as cmp, crosscheck, device as devices, quant, registry, rounding
+from cheapinfer.harness import compare as cmp, registry
+from cheapinfer.chapter import crosscheck, quant
+from cheapinfer.runtime import profiles, rounding
 from test_inputs import _pytest  # pytest puts tests/ on the path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +44,8 @@ def _claim_tests() -> list[tuple[str, str, list[str], set[str]]]:
 
 
 def test_device_dependent_is_a_model_profile():
-    assert devices.device_dependent(["twin"]) and devices.device_dependent(["arithmetic", "stand-in"])
-    assert not devices.device_dependent(["arithmetic"]) and not devices.device_dependent([])
+    assert profiles.device_dependent(["twin"]) and profiles.device_dependent(["arithmetic", "stand-in"])
+    assert not profiles.device_dependent(["arithmetic"]) and not profiles.device_dependent([])
 
 
 def test_every_claim_test_that_runs_a_model_or_a_clock_is_device_dependent():
@@ -52,9 +54,9 @@ def test_every_claim_test_that_runs_a_model_or_a_clock_is_device_dependent():
     claims = registry.load()
     tests = _claim_tests()
     assert len({cid for _, cid, _, _ in tests}) == len(claims)
-    for name, cid, profiles, args in tests:
-        dependent = devices.device_dependent(profiles or claims[cid].runs_on)
-        measures_there = bool(args & (MODEL_FIXTURES | {"timed"})) or any(p in devices.MODEL_PROFILES for p in profiles)
+    for name, cid, on, args in tests:
+        dependent = profiles.device_dependent(on or claims[cid].runs_on)
+        measures_there = bool(args & (MODEL_FIXTURES | {"timed"})) or any(p in profiles.MODEL_PROFILES for p in on)
         assert dependent or not measures_there, f"{name} ({cid}) runs a model or a clock, but its runs_on {claims[cid].runs_on} has no model profile"
         assert measures_there or "device" in args or not dependent, f"{name} ({cid}) is device-dependent by runs_on {claims[cid].runs_on} but never touches the device"
 
@@ -64,7 +66,7 @@ def test_gpu_selection_is_every_device_dependent_claim(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     selected = {line.split("::")[1].split("[")[0] for line in run.stdout.splitlines() if line.startswith("claims/")}
     claims = registry.load()
-    expected = {name for name, cid, profiles, _ in _claim_tests() if devices.device_dependent(profiles or claims[cid].runs_on)}
+    expected = {name for name, cid, on, _ in _claim_tests() if profiles.device_dependent(on or claims[cid].runs_on)}
     assert selected == expected
 
 
@@ -103,7 +105,7 @@ def test_merge_labels_two_gpus_apart():
 # ------------------------------------------------------------------------------------------------
 # bitsandbytes: layer by layer on any device, perplexity of the EVAL rows on a GPU
 # ------------------------------------------------------------------------------------------------
-# Every tolerance below is derived from the arithmetic each path does (cheapinfer.rounding), never
+# Every tolerance below is derived from the arithmetic each path does (cheapinfer.runtime.rounding), never
 # from one device's result: NF4 holds the suite's own weights exactly, so only the summation order
 # differs; LLM.int8() also rounds its activations to int8, half a step each, which is bounded too.
 
@@ -287,7 +289,7 @@ def test_bitsandbytes_on_the_gpu_gives_the_suites_perplexity(kind, stand_in, qua
 
     ``nf4``: the two models hold the same numbers and differ only in summation order, so each mean
     log-likelihood is within B of the exact one, B the first-order probable bound of fp32 rounding
-    (:func:`cheapinfer.rounding.first_order_bound`, one more rounding per projection for the
+    (:func:`cheapinfer.runtime.rounding.first_order_bound`, one more rounding per projection for the
     dequantization), and |ln ppl_bnb - ln ppl_suite| <= 2B. A wrong block size, codebook or absmax
     fails the weight check; a kernel computing in 16 bits moves the perplexity by far more than 2B.
 
@@ -299,7 +301,8 @@ def test_bitsandbytes_on_the_gpu_gives_the_suites_perplexity(kind, stand_in, qua
     the ratio to the EVAL row of the same scheme (fp16 scales): its weights are not the ones
     bitsandbytes holds.
     """
-    from cheapinfer import corpus, evaluation
+    from cheapinfer.runtime import corpus
+    from cheapinfer.chapter import evaluation
 
     ids = corpus.held_out_ids(stand_in.tokenizer, corpus_text)
     windows = torch.stack([ids[s : s + evaluation.WINDOW + 1] for s in range(0, ids.numel() - 1, evaluation.WINDOW)]).to(stand_in.device)

@@ -6,17 +6,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from cheapinfer import hf
+from cheapinfer.runtime import hf
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_KEYWORDS = set(hf.CACHE_NAMES)
 #: Functions that run the chapter's listing exactly as printed (``past_key_values=``): KV-API measures that spelling.
-LISTING = {("cheapinfer/kv.py", "listing_continuation"), ("cheapinfer/kv.py", "listing_api")}
+LISTING = {("cheapinfer/chapter/kv.py", "listing_continuation"), ("cheapinfer/chapter/kv.py", "listing_api")}
 
 
 def _sources() -> list[Path]:
     folders = ("cheapinfer", "fixtures", "claims", "tests")
-    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py") if p != ROOT / "cheapinfer" / "hf.py")
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py") if p != ROOT / "cheapinfer" / "runtime" / "hf.py")
 
 
 def _suite_functions_taking_a_cache() -> set[str]:
@@ -48,10 +48,10 @@ def _direct_cache_keywords(path: Path, allowed: set[str], root: Path = ROOT) -> 
 
 
 def test_no_module_hands_a_model_its_cache_directly():
-    """Every model call with a cache goes through cheapinfer.hf (forward, generate): the keyword differs between transformers releases."""
+    """Every model call with a cache goes through cheapinfer.runtime.hf (forward, generate): the keyword differs between transformers releases."""
     allowed = _suite_functions_taking_a_cache()
     offenders = [line for path in _sources() for line in _direct_cache_keywords(path, allowed)]
-    assert not offenders, "hand the cache over through cheapinfer.hf.forward / hf.generate:\n" + "\n".join(offenders)
+    assert not offenders, "hand the cache over through cheapinfer.runtime.hf.forward / hf.generate:\n" + "\n".join(offenders)
 
 
 def test_the_keyword_check_sees_a_direct_cache_keyword(tmp_path):
@@ -88,7 +88,7 @@ def test_forward_hands_the_cache_under_the_installed_name_and_it_is_used():
 @pytest.mark.parametrize("how", ["no cache handed over", "cache handed over but dropped"])
 def test_the_trace_notices_a_step_that_did_not_use_its_cache(how, monkeypatch):
     """What the 4.x regression looked like (a cache keyword the forward does not know is swallowed), seen from outside."""
-    from cheapinfer import evidence
+    from cheapinfer.runtime import evidence
 
     model = _tiny()
     ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(2))

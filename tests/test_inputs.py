@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import artifacts, models
+from cheapinfer.runtime import artifacts, models
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,7 +239,7 @@ def test_an_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5", ""])
 def test_timing_threads_that_are_not_an_integer_are_a_usage_error(value, tmp_path):
-    """CHEAPINFER_TIMING_THREADS is read when cheapinfer.timing is imported: a bad value must not fail there."""
+    """CHEAPINFER_TIMING_THREADS is read when cheapinfer.runtime.timing is imported: a bad value must not fail there."""
     message = (f"CHEAPINFER_TIMING_THREADS={value!r}: expected an integer >= 0 (torch threads while timing on a CPU; "
                "0 keeps torch's own count)")
     env = {**os.environ, "CHEAPINFER_TIMING_THREADS": value}
@@ -250,7 +250,7 @@ def test_timing_threads_that_are_not_an_integer_are_a_usage_error(value, tmp_pat
 
 
 def test_timing_threads_zero_and_a_count_are_accepted():
-    from cheapinfer import cli
+    from cheapinfer.runtime import cli
 
     assert cli.timing_threads({}) == 1
     assert cli.timing_threads({"CHEAPINFER_TIMING_THREADS": "0"}) == 0 and cli.timing_threads({"CHEAPINFER_TIMING_THREADS": "4"}) == 4
@@ -275,14 +275,14 @@ def test_a_cache_that_is_a_file_is_one_line(where, tmp_path):
 
 
 def test_the_twin_dtype_choices_are_the_models_dtypes():
-    from cheapinfer import pytest_options
+    from cheapinfer.harness import pytest_options
 
     assert pytest_options.TWIN_DTYPES == tuple(models.DTYPES)
 
 
 def test_the_options_module_imports_nothing_heavy():
     """pytest imports every entry point at its start, for any project: no torch there."""
-    code = "import sys, cheapinfer.pytest_options; print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    code = "import sys, cheapinfer.harness.pytest_options; print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr
 
@@ -291,7 +291,7 @@ def test_the_options_are_an_installed_pytest11_entry_point():
     from importlib.metadata import entry_points
 
     [ep] = [ep for ep in entry_points(group="pytest11") if ep.name == "cheapinfer"]
-    assert ep.value == "cheapinfer.pytest_options"
+    assert ep.value == "cheapinfer.harness.pytest_options"
 
 
 def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_checkout(tmp_path):

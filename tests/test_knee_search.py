@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from cheapinfer import batching
-from cheapinfer.arch import QWEN25_05B, qwen2_config
-from cheapinfer.batching import Budget, Doubling, Plan
+from cheapinfer.chapter import batching
+from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
+from cheapinfer.chapter.batching import Budget, Doubling, Plan
 
 THRESHOLD, SIGMAS, ROUNDS = 1.25, 3.0, 5
 GB = 10**9
@@ -153,7 +153,7 @@ def test_the_extra_rounds_of_a_search_step_leave_room_for_the_next_size():
 
 
 def test_a_batch_beyond_the_cache_tile_repeats_its_first_requests_caches(monkeypatch):
-    from cheapinfer import models
+    from cheapinfer.runtime import models
 
     small = models.twin("fp32", "cpu", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
                         head_dim=32, vocab_size=256).model
@@ -175,7 +175,7 @@ def test_a_search_steps_memory_counts_weights_both_caches_and_the_larger_activat
 
 def test_the_search_runs_on_a_small_model_end_to_end():
     """measure_doubling with a real (small, seeded) model: both sizes timed in the same rounds, the larger one traced."""
-    from cheapinfer import models
+    from cheapinfer.runtime import models
 
     small = models.twin("fp32", "cpu", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
                         head_dim=32, vocab_size=256).model

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from cheapinfer import evidence, kv, timing
-from cheapinfer.timing import Samples
+from cheapinfer.runtime import evidence, timing
+from cheapinfer.chapter import kv
+from cheapinfer.runtime.timing import Samples
 
 
 def test_speedup_quantities_read_the_marks_of_the_same_generations():

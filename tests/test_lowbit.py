@@ -1,6 +1,6 @@
 """The real low-bit kernels compute what the suite's own quantizers describe.
 
-Tolerances are derived from the formats (:mod:`cheapinfer.rounding`), never from one CPU's kernels:
+Tolerances are derived from the formats (:mod:`cheapinfer.runtime.rounding`), never from one CPU's kernels:
 each path is compared with the same product in float64, within the a-priori bound of its own
 arithmetic. The kernels sum in fp32 for every activation dtype (torch's CPU int8 and int4 kernels
 widen the activations and the codes to fp32 in every ISA path: scalar, AVX2, AVX-512).
@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cheapinfer import corpus, lowbit, quant, rounding
+from cheapinfer.runtime import corpus, rounding
+from cheapinfer.chapter import lowbit, quant
 
 PPL_TOKENS = 256  # one window: a few hundred corpus tokens keep this test at seconds
 U32, U16B = rounding.unit_roundoff(torch.float32), rounding.unit_roundoff(torch.bfloat16)  # 2^-24, 2^-8
@@ -112,7 +113,7 @@ def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stan
     1. every projection, as the kernel computes it inside the model on these tokens, is within the
        a-priori bound of its own arithmetic of x @ W_hat^T in float64 (:func:`_bound`, gamma_{n+2}(2^-24));
     2. the two perplexities agree within the first-order bound of the mean log-likelihood
-       (:func:`cheapinfer.rounding.first_order_bound`, probable form): each path is within B of the
+       (:func:`cheapinfer.runtime.rounding.first_order_bound`, probable form): each path is within B of the
        exact value, B computed for the kernel's arithmetic (one more rounding per projection than
        the dense product), so |ln p_kernel - ln p_fake| <= 2 B.
 

@@ -1,4 +1,4 @@
-"""The suite's checks of its own verdicts (cheapinfer.matrix): the claim x kernel-family table, its flips, the
+"""The suite's checks of its own verdicts (cheapinfer.harness.matrix): the claim x kernel-family table, its flips, the
 verdicts that moved under stress, the probe of what a cap made run, and the busy processes beside a run.
 
 Records are made up here with ``report.build`` from measurements judged by the registry; the one real run
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import matrix, registry, report
-from cheapinfer.record import Recorder
+from cheapinfer.harness import matrix, registry, report
+from cheapinfer.harness.record import Recorder
+from cheapinfer.runtime.cli import Terminated
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,7 +288,7 @@ def test_isa_main_exits_0_when_the_families_agree_and_1_when_one_wrote_no_record
 
 
 def test_the_matrix_claims_are_the_clocked_ones_and_those_measured_on_a_model_but_not_arithmetic():
-    from cheapinfer.faults import clocked_claims
+    from cheapinfer.harness.claimfiles import clocked_claims
 
     claims, reg = matrix.isa_claims(), registry.load()
     assert set(clocked_claims()) <= set(claims)
@@ -331,7 +332,7 @@ def test_a_busy_process_ends_at_its_deadline_and_when_its_parent_is_gone():
             time.sleep(0.1)
         assert not _alive(pids[0])
     # A parent killed with SIGKILL runs no cleanup: its busy child sees it gone and ends by itself.
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from cheapinfer import matrix\n"
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from cheapinfer.harness import matrix\n"
             "with matrix.busy(1) as pids:\n    print(pids[0], flush=True); time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code, str(ROOT)], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
@@ -351,7 +352,7 @@ def test_sigterm_during_a_stressed_run_stops_the_busy_processes_and_is_one_line(
 
     def run(cmd, env):
         seen.extend(p for p in os.listdir("/proc") if p.isdigit() and _alive(int(p)) and _is_busy(int(p)))
-        raise matrix._Terminated()
+        raise Terminated()
 
     code = matrix.stress_main(CLAIMS, 2, tmp_path, lambda d, c: ["pytest"], run, record(), "quiet.json")
     assert code == 143 and len(seen) >= 2 and not any(_alive(int(p)) for p in seen)

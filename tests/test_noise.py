@@ -5,9 +5,9 @@ import statistics
 
 import pytest
 
-from cheapinfer import timing
+from cheapinfer.runtime import timing
 from harness import python_m
-from cheapinfer.timing import Samples
+from cheapinfer.runtime.timing import Samples
 
 
 def test_robust_se_is_the_median_absolute_deviation_scaled_to_a_normal_median():
@@ -131,7 +131,7 @@ def test_a_pending_rule_adds_rounds_until_it_is_satisfied_and_extra_seconds_cap_
 
 def test_one_real_runs_noise_is_what_its_step_times_explain():
     """BAT-STATIC-CONT's real ratio and prediction error: standard errors propagated from the probes' spread (delta method)."""
-    from cheapinfer import batching
+    from cheapinfer.chapter import batching
 
     lengths, slots = batching.skewed_lengths(), 8
     cost = {k: 0.010 + 0.001 * k for k in range(1, slots + 1)}

@@ -9,12 +9,13 @@ Two checks, each with its own derivation:
   (other strides than DynamicCache's contiguous tensor), so the kernels may sum in another order.
   The greedy tokens must be equal, except at a near-tie: where they first differ, the two tokens'
   float64 logit gap must be within the first-order bound of fp32 rounding
-  (:func:`cheapinfer.rounding.compare_greedy`), and the near-tie is reported.
+  (:func:`cheapinfer.runtime.rounding.compare_greedy`), and the near-tie is reported.
 """
 
 import pytest
 import torch
-from cheapinfer import hf, kv, paging, rounding, timing
+from cheapinfer.runtime import hf, rounding, timing
+from cheapinfer.chapter import kv, paging
 
 NEW_TOKENS = 8
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import registry
+from cheapinfer.harness import registry
 from printed_extract import account, extract, guess_lang
 
 if sys.version_info >= (3, 11):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import registry
-from cheapinfer import record
-from cheapinfer.registry import DEVIATES, REPRODUCED, SHAPE_HOLDS, RegistryError
+from cheapinfer.harness import registry
+from cheapinfer.harness import claimfiles, record
+from cheapinfer.harness.registry import DEVIATES, REPRODUCED, SHAPE_HOLDS, RegistryError
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOG = ROOT.parent / "shared" / "CLAIMS.md"
@@ -27,7 +27,7 @@ def test_registry_holds_every_catalog_id_once():
 
 
 def test_every_claim_has_exactly_one_test_function():
-    tested = record.tested_ids(ROOT / "claims")
+    tested = claimfiles.tested_ids(ROOT / "claims")
     missing = [cid for cid in registry.load() if cid not in tested]
     twice = {cid: files for cid, files in tested.items() if len(files) > 1}
     unknown = set(tested) - set(registry.load())
@@ -51,7 +51,7 @@ def _passing_value(check, book):
 
 
 def _claims_with_tests():
-    tested = record.tested_ids(ROOT / "claims")
+    tested = claimfiles.tested_ids(ROOT / "claims")
     return [c for c in registry.load().values() if c.id in tested]
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import device as devices, registry, report
-from cheapinfer.record import Recorder
-from cheapinfer.registry import DEVIATES, VERDICTS
+from cheapinfer.runtime import device as devices
+from cheapinfer.harness import registry, report
+from cheapinfer.harness.record import Recorder
+from cheapinfer.harness.registry import DEVIATES, VERDICTS
 
 DATA = Path(__file__).resolve().parent / "data"
 RECORD = DATA / "run-record.json"

@@ -1,10 +1,10 @@
-"""The rounding bounds every comparison of two numeric paths takes its tolerance from (cheapinfer.rounding)."""
+"""The rounding bounds every comparison of two numeric paths takes its tolerance from (cheapinfer.runtime.rounding)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cheapinfer import rounding
+from cheapinfer.runtime import rounding
 
 
 def test_unit_roundoff_of_the_formats():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import report
+from cheapinfer.harness import report
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,7 +213,7 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
     out = tmp_path / "reports"
     before = _seeded(out)
     (tmp_path / "enospc.py").write_text(
-        "import errno, os\nfrom cheapinfer import report\n\n\ndef pytest_configure(config):\n"
+        "import errno, os\nfrom cheapinfer.harness import report\n\n\ndef pytest_configure(config):\n"
         "    def full(fd, data):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    report._write_all = full\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from cheapinfer import batching
+from cheapinfer.chapter import batching
 
 NOISES = {
     "normal": lambda r: r.gauss(0.0, 1.0),
@@ -57,7 +57,7 @@ def test_a_larger_batch_that_waits_less_is_found_and_an_equal_one_is_not():
 def test_a_cpu_serves_bf16_only_with_native_bf16_kernels_allowed(check, flags, cap, probe, expected, monkeypatch):
     import torch
 
-    from cheapinfer import models
+    from cheapinfer.runtime import models
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: check)
     monkeypatch.setattr(models, "_cpu_flags", lambda: flags)
@@ -77,7 +77,7 @@ def test_the_kernel_probe_names_a_pair_whose_products_alone_are_faster_at_more_r
     could divide by the batch): a pair is the kernel's only where the larger size is faster beyond the rounds' noise."""
     import time
 
-    from cheapinfer import batching
+    from cheapinfer.chapter import batching
 
     cost = {1: 0.004, 2: 0.001, 4: 0.0045, 8: 0.0046}  # 2 rows faster than 1 (a slow 1-row path); 8 about as slow as 4
     monkeypatch.setattr(batching, "weights_pass", lambda model, b: (lambda: time.sleep(cost[b])))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cheapinfer import report
-from cheapinfer.record import Recorder
+from cheapinfer.harness import report
+from cheapinfer.harness.record import Recorder
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "run-record.json"

@@ -123,9 +123,9 @@ def library_perplexity(model, ids: torch.Tensor, window: int = WINDOW) -> float:
 def ln_ppl_bound(model, ids: torch.Tensor, window: int = WINDOW) -> float:
     """How far two fp32 evaluations of the windows' mean log-likelihood may differ: 2 (B + L).
 
-    B: the first-order probable bound of the model's rounding (:func:`cheapinfer.rounding.first_order_bound`
+    B: the first-order probable bound of the model's rounding (:func:`cheapinfer.runtime.rounding.first_order_bound`
     at fp32) for the mean over the windows' predictions, evaluated in an fp32 copy
-    (:func:`cheapinfer.rounding.bound_copy`). L: each path's loss in fp32, per token a log-sum-exp over V
+    (:func:`cheapinfer.runtime.rounding.bound_copy`). L: each path's loss in fp32, per token a log-sum-exp over V
     logits (max-subtraction, exp, V - 1 sums, log, the target's difference: V + 4 roundings of at most u of
     the token's NLL scale, 1 + |NLL|) and the mean's N - 1 sums, independent across tokens:
     LAMBDA u sqrt((V + 4) / N + N / N^2) (1 + mean NLL).
@@ -133,7 +133,7 @@ def ln_ppl_bound(model, ids: torch.Tensor, window: int = WINDOW) -> float:
     The windows' roundings are disjoint independent sets, so the squares add: B = sqrt(sum_w B_w^2) / W; each
     window is bounded by itself (memory).
     """
-    from . import rounding
+    from ..runtime import rounding
 
     windows, targets = _windows(ids, window)  # the windows perplexity() evaluates
     n = targets.numel()
@@ -456,11 +456,11 @@ class Table:
 
     def fill(self, device: torch.device | str, workers: int | None = None) -> "Table":
         """Build every missing row and the cross-check, ``workers`` at a time on a CPU
-        (:func:`cheapinfer.device.map_untimed`), the cross-check (the longest) first.
+        (:func:`cheapinfer.runtime.device.map_untimed`), the cross-check (the longest) first.
 
         A row's numbers do not depend on what runs beside it; its ``seconds`` then do, and are only reported.
         """
-        from .device import map_untimed
+        from ..runtime.device import map_untimed
 
         tasks = [s for s in self.schemes if s not in self._rows]
         if self._cross_check is None:

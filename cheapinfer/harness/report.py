@@ -18,8 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import __version__, registry
-from .faults import ALL_TARGETS, NOT_REACHED, RED
+from .. import __version__
+from . import registry
+from .record import ALL_TARGETS, NOT_REACHED, RED
 from .record import overall
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 

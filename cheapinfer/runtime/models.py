@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from . import SEED, artifacts, hf
+from .. import SEED
+from . import artifacts, hf
 from .arch import BOOK_REPOS, QWEN25_05B, qwen2_config
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -48,7 +48,7 @@ prints. Each claim holds:
 The verdict is a pure function of (measured values, claim, profile, device, library versions): :func:`judge`. A
 non-finite or missing measurement fails every check that reads it. :func:`perturb` moves a book value
 (or a shape bound) beyond its tolerance: it proves the comparator, and ``--perturb ID`` shows a claim
-turning red; that a *measurement* can fail is shown by the fault catalogue (``cheapinfer.faults``).
+turning red; that a *measurement* can fail is shown by the fault catalogue (``cheapinfer.faults.runner``).
 """
 
 from __future__ import annotations

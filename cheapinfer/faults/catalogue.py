@@ -1,4 +1,4 @@
-"""The catalogue of faults, one block per section of the chapter (see :mod:`cheapinfer.faults`).
+"""The catalogue of faults, one block per section of the chapter (see :mod:`cheapinfer.faults.runner`).
 
 Every fault is a realistic bug in the measured system or a library regression, written as a patch of
 the measurement code that the claims' tests call. Each names the claims it must turn red.
@@ -13,8 +13,9 @@ from dataclasses import replace
 
 import torch
 
-from . import asides, batching, budget, distill, evaluation, formats, hf, kv, lowbit, outliers, paging, quant, speculative
-from .faults import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa: F401
+from ..chapter import asides, batching, budget, distill, evaluation, formats, kv, lowbit, outliers, paging, quant, speculative
+from ..runtime import hf
+from .core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa: F401
 
 # ------------------------------------------------------------------------------------------------
 # a cache handed over under a keyword the model does not take
@@ -23,7 +24,7 @@ from .faults import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched  # noqa:
 # that only knows ``past_key_values`` (4.x), which takes it into ``**kwargs`` and drops it. Every step
 # then runs without its history, fast and wrong, and nothing raises. These faults do the same on any
 # release (the keyword is misspelled: ``caches=``), scoped to one loop, so that each loop's own
-# evidence of cache use (cheapinfer.evidence) has to notice.
+# evidence of cache use (cheapinfer.runtime.evidence) has to notice.
 
 
 def _misspelled_forward(model, input_ids=None, *, cache=None, **kwargs):

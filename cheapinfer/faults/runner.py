@@ -12,72 +12,24 @@ claims green, and names the claims that no known fault turns red. By default it 
 fault stops at its first red claim (:func:`run`); ``--all-targets`` runs every claim a fault names.
 ``pytest --fault NAME`` runs the suite with one fault active: its claims should deviate.
 
-A fault is registered with :func:`fault`::
-
-    @fault("kv-decode-ignores-cache", section="KV", kind=DISABLED, targets=("KV-DECODE-FLAT",),
-           what="the decode step drops the cache it is given and recomputes the whole history")
-    def _():
-        with patched(kv, "decode_step", broken_decode_step):
-            yield
+A fault is written and registered as :mod:`cheapinfer.faults.core` says.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
-from unittest import mock
+from typing import Any, Callable, ContextManager
 
-DISABLED = "disabled optimisation"
-CONSTANT = "wrong constant"
-RULE = "wrong rule"
-STATISTIC = "wrong statistic"
-KINDS = (DISABLED, CONSTANT, RULE, STATISTIC)
-
-
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    section: str
-    kind: str
-    what: str  # the realistic bug, in one sentence
-    targets: tuple[str, ...]  # the claims it is expected to turn red
-    activate: Callable[[], ContextManager[None]]
-
-
-FAULTS: dict[str, Fault] = {}
-
-
-def fault(name: str, *, section: str, kind: str, targets: tuple[str, ...], what: str):
-    """Register the decorated generator (patch, ``yield``, restore) as the fault ``name``."""
-    if kind not in KINDS:
-        raise ValueError(f"fault {name}: kind must be one of {KINDS}")
-    if not targets:
-        raise ValueError(f"fault {name}: names no claim it turns red")
-
-    def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
-        if name in FAULTS:
-            raise ValueError(f"fault {name} registered twice")
-        FAULTS[name] = Fault(name, section, kind, what, tuple(targets), contextlib.contextmanager(gen))
-        return gen
-
-    return register
-
-
-def patched(target: Any, attribute: str, replacement: Any) -> ContextManager[Any]:
-    """``target.attribute`` replaced for the duration; the attribute must exist (a renamed function
-    must not leave a fault silently inert)."""
-    if not hasattr(target, attribute):
-        raise AttributeError(f"fault patches {getattr(target, '__name__', target)}.{attribute}, which does not exist")
-    return mock.patch.object(target, attribute, replacement)
-
+from .. import CHECKOUT
+from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
+from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, RESULT_NAME, SWEEP
+from ..runtime.cli import Terminated, terminate
+from .core import FAULTS, Fault
 
 def catalogue() -> dict[str, Fault]:
     """Every registered fault, by name (importing the catalogue's modules registers them)."""
-    from . import fault_catalogue  # noqa: F401  (registers on import)
+    from . import catalogue as _registers  # noqa: F401  (importing the catalogue registers its faults)
 
     return dict(FAULTS)
 
@@ -98,15 +50,10 @@ def targeted_by(claim_id: str) -> list[str]:
 # the runner: python -m cheapinfer faults
 # ------------------------------------------------------------------------------------------------
 
-RED = "red"
-#: A target the sweep did not run: another claim had already caught the fault in that run.
-NOT_REACHED = "not reached"
-RESULT_NAME = "faults.json"
-SWEEP, ALL_TARGETS = "sweep", "all targets"
 
 
 #: Modules a pytest of a fault run imports anyway: loaded once into the fork server its runs start from.
-_PRELOAD = ["torch", "transformers", "scipy.stats", "numpy", "pytest", "hypothesis", "pytest_benchmark.plugin", "cheapinfer.fault_catalogue"]
+_PRELOAD = ["torch", "transformers", "scipy.stats", "numpy", "pytest", "hypothesis", "pytest_benchmark.plugin", "cheapinfer.faults.catalogue"]
 _forks = None
 
 
@@ -254,10 +201,10 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     ``threads``: torch threads of the pytest process (``None``: its default). ``stop``: stop after the first
     claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
     """
-    from . import report
-    from .registry import DEVIATES, NOT_RUN
+    from ..harness import report
+    from ..harness.registry import DEVIATES, NOT_RUN
 
-    root = _root()
+    root = CHECKOUT
     outdir.mkdir(parents=True, exist_ok=True)
     args = [
         str(root / "claims"), "-q", "-p", "no:cacheprovider", "--no-header", "-r", "N",
@@ -286,72 +233,13 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     return out
 
 
-def _root() -> Path:
-    from pathlib import Path
-
-    return Path(__file__).resolve().parent.parent
-
-
 def uncovered() -> list[str]:
     """Claims with a test that no known fault names as turning them red."""
-    from . import registry
-    from .record import tested_ids
+    from ..harness import registry
 
     named = {cid for f in catalogue().values() for cid in f.targets}
-    tested = tested_ids(_root() / "claims")
+    tested = tested_ids(CHECKOUT / "claims")
     return [cid for cid in registry.load() if cid in tested and cid not in named]
-
-
-#: What marks a claim test as reading a clock: a timing fixture it asks for, or a clock it calls
-#: (``timing.cpu_threads`` only sets a thread count, and reads no clock).
-_CLOCK_FIXTURES = {"timed", "step_times", "benchmark"}
-_CLOCK_CALLS = ("perf_counter", "time.time(", "monotonic", "interleaved(", "Samples(")
-
-
-def _claim_tests(claims_dir: Path | None = None) -> list[tuple[list[str], Any, str]]:
-    """Each claim test in ``claims/test_*.py``: (its claim IDs, its function node, its source).
-
-    Parsed once per version of the files (their paths and modification times): the sweep asks for the
-    clocked and the slow claims of every fault, and a parse of all modules takes a second."""
-    paths = sorted(Path(claims_dir or _root() / "claims").glob("test_*.py"))
-    return _parsed_claim_tests(tuple((str(p), p.stat().st_mtime_ns) for p in paths))
-
-
-@functools.lru_cache(maxsize=8)
-def _parsed_claim_tests(files: tuple[tuple[str, int], ...]) -> list[tuple[list[str], Any, str]]:
-    import ast
-
-    out = []
-    for path, _ in files:
-        source = Path(path).read_text(encoding="utf-8")
-        lines = source.splitlines(keepends=True)
-        for node in ast.walk(ast.parse(source)):
-            if not isinstance(node, ast.FunctionDef):
-                continue
-            ids = [d.args[0].value for d in node.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
-                   and d.func.attr == "claim" and d.args and isinstance(d.args[0], ast.Constant)]
-            if ids:  # the function's lines (ast.get_source_segment re-splits the whole module on every call)
-                out.append((ids, node, "".join(lines[node.lineno - 1 : node.end_lineno])))
-    return out
-
-
-def clocked_claims(claims_dir: Path | None = None) -> set[str]:
-    """Claims whose test reads a clock: their verdict can depend on the machine's load.
-
-    Found in the tests' source (``claims/test_*.py``): a test marked ``@pytest.mark.claim(ID)`` that asks
-    for a timing fixture or calls a clock. These claims are run on a quiet machine (:func:`run`); the
-    others run two at a time, since what they measure is a count, a token or a byte, not a time.
-    """
-    return {cid for ids, node, body in _claim_tests(claims_dir)
-            if {a.arg for a in node.args.args} & _CLOCK_FIXTURES or any(c in body for c in _CLOCK_CALLS) for cid in ids}
-
-
-def slow_claims(claims_dir: Path | None = None) -> set[str]:
-    """Claims whose test is marked ``@pytest.mark.slow`` (more than a minute on a 2-core CPU)."""
-    import ast
-
-    return {cid for ids, node, _ in _claim_tests(claims_dir)
-            if any(isinstance(d, ast.Attribute) and d.attr == "slow" for d in node.decorator_list) for cid in ids}
 
 
 def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2,
@@ -467,7 +355,7 @@ def last_run(report_dir: Path) -> dict[str, Any] | None:
 
 def table(result: dict[str, Any]) -> list[str]:
     """The fault x claim table (Markdown): for each fault and target claim, red in k of n runs."""
-    from .report import markdown_table
+    from ..harness.report import markdown_table
 
     n = result["runs"]
     rows = []
@@ -498,7 +386,7 @@ def faults_cli(argv: list[str]) -> int:
     import signal
     import sys
 
-    from .cli import Parser
+    from ..runtime.cli import Parser
 
     p = Parser(
         prog="cheapinfer faults",
@@ -507,17 +395,17 @@ def faults_cli(argv: list[str]) -> int:
     p.add_argument("names", nargs="*", metavar="FAULT", help="faults to run (default: all)")
     p.add_argument("--runs", type=int, default=1, help="runs of each fault (default 1; a fault must be caught in every run)")
     p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
-    p.add_argument("--report-dir", type=Path, default=_root() / "reports", help="where faults.json is written (default reports/)")
+    p.add_argument("--report-dir", type=Path, default=CHECKOUT / "reports", help="where faults.json is written (default reports/)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds one fault run may take (default 600)")
     p.add_argument("--workers", type=int, default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
     p.add_argument("--all-targets", action="store_true",
                    help="run every claim each fault names, in every run (the per-claim coverage); default: the sweep, which stops each run at the fault's first red claim")
     args = p.parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         return _faults(p, args)
-    except (_Terminated, KeyboardInterrupt) as exc:
-        sig = signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT
+    except (Terminated, KeyboardInterrupt) as exc:
+        sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
         print(f"cheapinfer faults: {'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted'}: the running fault runs "
               "were stopped and their temporary directory removed; nothing was written", file=sys.stderr)
         return 128 + sig
@@ -525,21 +413,10 @@ def faults_cli(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Terminated(Exception):
-    """SIGTERM reached ``python -m cheapinfer faults``."""
-
-
-def _terminate(signum, frame) -> None:
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not break the cleanup
-    raise _Terminated()
-
-
 def _faults(p, args) -> int:
     import json
 
-    from .report import atomic_write
+    from ..harness.report import atomic_write
 
     faults = catalogue()
     unknown = [n for n in args.names if n not in faults]

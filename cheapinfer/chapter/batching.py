@@ -56,8 +56,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from . import SEED, hf
-from .device import sync
+from .. import SEED
+from ..runtime import hf
+from ..runtime.device import sync
 from .kv import random_cache
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ class Doubling:
     """One doubling ``b -> 2b`` of the batch, both sizes timed in the same interleaved rounds.
 
     The gains are read from the two sizes' median step times; their standard errors from the same gain
-    computed round by round (:func:`cheapinfer.timing.estimates`). Throughput is batch / step, so the
+    computed round by round (:func:`cheapinfer.runtime.timing.estimates`). Throughput is batch / step, so the
     throughput gain of a doubling is 2 t(b) / t(2b) and its latency gain t(2b) / t(b) = 2 / throughput gain.
     """
 
@@ -195,7 +196,7 @@ def doubling_quantities(steps: Mapping[int, float]) -> dict[str, float]:
 def doublings(rounds: Mapping[int, Sequence[float]]) -> list[Doubling]:
     """Every doubling ``b -> 2b`` among the measured sizes (``rounds[b]``: batch b's step times, round by round,
     all sizes timed in the same rounds), in order of size."""
-    from .timing import Samples, estimates
+    from ..runtime.timing import Samples, estimates
 
     samples = {str(b): Samples(str(b), list(v)) for b, v in rounds.items()}
     found = estimates(samples, lambda t: doubling_quantities({int(b): s for b, s in t.items()}))
@@ -208,8 +209,8 @@ def doublings(rounds: Mapping[int, Sequence[float]]) -> list[Doubling]:
 def request_latency_gain(rounds: Mapping[int, Sequence[float]], small: int):
     """The latency gain of ``small -> 2 small`` as a request sees it (:func:`request_latency` of each size), from
     step times timed side by side (``rounds[b]``: batch b's step times, round by round): a
-    :class:`cheapinfer.timing.Estimate`, its value from the medians and its standard error from the rounds."""
-    from .timing import Samples, estimates
+    :class:`cheapinfer.runtime.timing.Estimate`, its value from the medians and its standard error from the rounds."""
+    from ..runtime.timing import Samples, estimates
 
     samples = {str(b): Samples(str(b), list(v)) for b, v in rounds.items() if b in (small, 2 * small)}
 
@@ -296,7 +297,7 @@ def knee_summary(found: Sequence[Doubling], threshold: float = 1.25, sigmas: flo
 
 def knee_pending(found: Mapping[str, "timing.Estimate"], threshold: float, sigmas: float, before_bound: float) -> list[str]:
     """The doublings whose noise keeps the knee's verdict open, from the batch curve's estimates (``gain@b``,
-    ``latency@b``): for :func:`cheapinfer.timing.interleaved_until_decided`, which measures more rounds while
+    ``latency@b``): for :func:`cheapinfer.runtime.timing.interleaved_until_decided`, which measures more rounds while
     this is not empty. Open: no knee yet, and a doubling past the steepest is undecided (more rounds may decide
     it below); or a knee, and the steepest doubling before it within the noise of ``before_bound``."""
     sizes = sorted(int(k.split("@")[1]) for k in found if k.startswith("gain@"))
@@ -486,12 +487,12 @@ def search_complete(search: KneeSearch, budget: Budget, memory: Callable[[int, i
 def measure_doubling(model, small: int, large: int, extra_seconds: float, context: int = 64, rounds: int = 5, warmup: int = 1,
                      threshold: float = 1.25, sigmas: float = 3.0, device: torch.device | str = "cpu") -> tuple[dict[int, list[float]], float, dict]:
     """One step of the knee search on ``model``: batches ``small`` and ``large`` (``context`` cached tokens per
-    request) timed side by side (:func:`cheapinfer.timing.interleaved_until_decided`: more rounds, up to
+    request) timed side by side (:func:`cheapinfer.runtime.timing.interleaved_until_decided`: more rounds, up to
     ``extra_seconds``, while the doubling is within the noise of ``threshold``), then ``large`` run once more
     traced, outside the clock. Returns (batch -> step seconds per round, the seconds building the steps took,
     the cache-use evidence of the traced step)."""
-    from . import timing
-    from .evidence import traced_each
+    from ..runtime import timing
+    from ..runtime.evidence import traced_each
 
     t0 = time.perf_counter()
     steps = {b: decode_step(model, b, context) for b in (small, large)}
@@ -588,7 +589,7 @@ def kernel_probe(model, pairs: Sequence[tuple[int, int]], rounds: int, device: t
     """Time :func:`weights_pass` at the sizes of ``pairs`` (interleaved, random order, one warm-up) and name the pairs
     where the larger size's products alone are faster beyond the rounds' noise: the same rank test as :func:`tradeoff`'s
     (the larger size's third quartile below the smaller's first), on the products' own times."""
-    from . import timing
+    from ..runtime import timing
 
     sizes = sorted({b for pair in pairs for b in pair})
     samples = timing.interleaved({f"batch={b}": weights_pass(model, b) for b in sizes}, rounds=rounds, warmup=1, device=device)
@@ -903,7 +904,7 @@ def run_policies(
     cache each) is timed: the per-step costs the simulation is fed come from the same stretch of
     time, so a change in the machine's load hits the real runs and the costs alike.
     Returns the results and the probe samples (seconds) per number of slots. ``trace``: a
-    :class:`cheapinfer.hf.ForwardTrace` of ``model``, whose label is set to the policy (or ``"probe"``)
+    :class:`cheapinfer.runtime.hf.ForwardTrace` of ``model``, whose label is set to the policy (or ``"probe"``)
     whose forward runs.
     """
     prompts = torch.randint(0, model.config.vocab_size, (len(lengths),), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -937,7 +938,7 @@ def run_policies(
 
 
 class PagedSlotBatch:
-    """The scheduler's batch on the paged cache (:func:`cheapinfer.paging.paged_cache`): the same interface as :class:`SlotBatch`.
+    """The scheduler's batch on the paged cache (:func:`cheapinfer.chapter.paging.paged_cache`): the same interface as :class:`SlotBatch`.
 
     Each request is a sequence in one block pool, holding only its own tokens (no padding
     columns: rows are left-aligned, shorter rows masked). Admitting a request prefills its
@@ -1090,10 +1091,10 @@ class Validation:
           noise, independent: its relative standard error is sigma sqrt(sum s_i^2 / S^2 + sum c_j^2 / C^2). Load that
           drifts over the run is not in it: the policies advance interleaved over the same stretch of time;
         - the simulated ratio moves with each occupancy's median probe cost by its standard error
-          (:func:`cheapinfer.timing.robust_se`), summed in quadrature;
+          (:func:`cheapinfer.runtime.timing.robust_se`), summed in quadrature;
         - the prediction error |sim / real - 1| combines both.
         """
-        from .timing import robust_se
+        from ..runtime.timing import robust_se
 
         s, c = self.results["static"], self.results["continuous"]
         cv = statistics.median(1.4826 * statistics.median(abs(x - statistics.median(v)) for x in v) / statistics.median(v)
@@ -1117,9 +1118,9 @@ class Validation:
 def validate(model, lengths: Sequence[int], slots: int) -> Validation:
     """Run both policies for real, and simulate them with step costs probed on the same model during the run (medians).
 
-    The run is traced (:class:`cheapinfer.hf.ForwardTrace`): each policy's steps and the probes prove they used their cache."""
-    from .evidence import cache_use
-    from .hf import ForwardTrace
+    The run is traced (:class:`cheapinfer.runtime.hf.ForwardTrace`): each policy's steps and the probes prove they used their cache."""
+    from ..runtime.evidence import cache_use
+    from ..runtime.hf import ForwardTrace
 
     with ForwardTrace(model) as trace:
         runs, samples = run_policies(model, lengths, slots, trace=trace)
@@ -1204,19 +1205,19 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
     max-context reservation would hold for ``slots`` slots (``prompt_tokens + max_new_tokens``
     each), so the run only fits if finished requests' blocks are freed and reused. Requests
     ``compare`` are run alone as well: their tokens must be the same, up to a near-tie of the
-    two paths' rounding (:func:`cheapinfer.rounding.compare_greedy`).
+    two paths' rounding (:func:`cheapinfer.runtime.rounding.compare_greedy`).
     """
     if max(lengths) > max_new_tokens:
         raise ValueError(f"a request of {max(lengths)} tokens does not fit a max-context reservation of {max_new_tokens} new tokens")
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, model.config.vocab_size, (len(lengths), prompt_tokens), generator=g).tolist()
     reserved = prompt_tokens + max_new_tokens
-    from .evidence import traced
+    from ..runtime.evidence import traced
 
     run, evidence = traced(model, lambda: run_paged(model, lengths, slots, prompts, slots * math.ceil(reserved / block_size), block_size))
     snaps = run.batch.snapshots
     from .paging import run_waste
-    from .rounding import GreedyJudge
+    from ..runtime.rounding import GreedyJudge
 
     judge = GreedyJudge(model)
     alone = {r: judge(prompts[r], tokens_alone(model, prompts[r], lengths[r]), run.batch.generated[r]) for r in compare}
@@ -1244,15 +1245,15 @@ def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
     blocks of the prompt it shares with an earlier one (reference-counted) and prefills only the
     rest. Blocks are counted after the first step of both runs; every request's tokens are
     compared with the same request run alone, up to a near-tie of the two paths' rounding
-    (:func:`cheapinfer.rounding.compare_greedy`).
+    (:func:`cheapinfer.runtime.rounding.compare_greedy`).
     """
-    from .rounding import GreedyJudge
+    from ..runtime.rounding import GreedyJudge
 
     prompts = [list(prefix) + list(s) for s in suffixes]
     lengths = [new_tokens] * len(prompts)
     size = sum(math.ceil((len(p) + new_tokens) / block_size) for p in prompts)
-    from .evidence import combine, traced
-    from .rounding import GreedyJudge
+    from ..runtime.evidence import combine, traced
+    from ..runtime.rounding import GreedyJudge
 
     shared, used_shared = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=True))
     own, used_own = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=False))

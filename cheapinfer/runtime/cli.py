@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Mapping
 
-#: torch threads while timing on a CPU (read by :mod:`cheapinfer.timing`).
+#: torch threads while timing on a CPU (read by :mod:`cheapinfer.runtime.timing`).
 TIMING_THREADS_VARIABLE = "CHEAPINFER_TIMING_THREADS"
 
 
@@ -39,3 +39,15 @@ def timing_threads(environ: Mapping[str, str] = os.environ) -> int:
         raise ValueError(f"{TIMING_THREADS_VARIABLE}={text!r}: expected an integer >= 0 "
                          "(torch threads while timing on a CPU; 0 keeps torch's own count)")
     return n
+
+
+class Terminated(Exception):
+    """SIGTERM reached a command that runs others (``faults``, ``verify --isa-matrix``): it cleans up and exits."""
+
+
+def terminate(signum, frame) -> None:
+    """A SIGTERM handler that raises :class:`Terminated` once."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not break the cleanup
+    raise Terminated()

@@ -15,7 +15,7 @@ each cell the verdict and its deciding value (:func:`deciding`). A claim that is
 deviates (or errs) in another is a *flip* (:func:`flips`): the command exits 1 and names each.
 *Inconclusive* in one family is allowed: it decides nothing.
 
-``--stress N`` runs the clocked claims (:func:`cheapinfer.faults.clocked_claims`) once on the quiet machine
+``--stress N`` runs the clocked claims (:func:`cheapinfer.harness.claimfiles.clocked_claims`) once on the quiet machine
 (or reads ``--quiet-record``), then again beside N CPU-bound processes (:func:`busy`), and prints, per
 claim, the quiet and the stressed verdict and the machine's load around each (:func:`moved`). A claim that
 is green (or inconclusive) quietly and deviates under stress exits 1: load must never be what turns a
@@ -39,13 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .. import CHECKOUT
 from . import registry
 from .compare import _BREAKABLE, _PASSING, ERROR_REASON, _shape_bound, check_record, compare, environment_changes
-from .faults import _terminate, _Terminated  # SIGTERM as an exception, as the fault runner takes it
+from ..runtime.cli import Terminated, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
 from .report import RUN_ID_VARIABLE, atomic_write, load, machine_label, markdown_table, new_run_id, own_record
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = CHECKOUT
 #: Verdicts under which a claim's test passes (CI stays green): compare's own.
 GREEN = _PASSING
 
@@ -223,7 +224,7 @@ def cap_check(family: Family, found: dict[str, Any], run_env: dict[str, Any] | N
 
 def family_env(family: Family, base: dict[str, str]) -> dict[str, str]:
     """``base`` without any cap or verbose switch of its own, with ``family``'s caps."""
-    from .device import ISA_VARIABLES
+    from ..runtime.profiles import ISA_VARIABLES
 
     env = {k: v for k, v in base.items() if k not in ISA_VARIABLES and k not in _VERBOSE}
     return {**env, **family.caps}
@@ -237,12 +238,11 @@ def family_env(family: Family, base: dict[str, str]) -> dict[str, str]:
 def isa_claims(claims_dir: Path | None = None) -> list[str]:
     """The claims whose verdict can depend on the CPU's kernels, in the book's order: the clocked ones
     (their speed) and every claim measured on a model (its numbers come from the kernels' rounding:
-    ``device.device_dependent``, the ``-m gpu`` selection), with a test. The book profile is left out of that
+    ``profiles.device_dependent``, the ``-m gpu`` selection), with a test. The book profile is left out of that
     test (it needs weights this suite cannot fetch; a claim measured only there would be *not run* in every
     family); its results in each run are skipped with their reason."""
-    from .device import device_dependent
-    from .faults import clocked_claims
-    from .record import tested_ids
+    from ..runtime.profiles import device_dependent
+    from .claimfiles import clocked_claims, tested_ids
 
     claims_dir = Path(claims_dir or ROOT / "claims")
     tested, clocked = tested_ids(claims_dir), clocked_claims(claims_dir)
@@ -251,8 +251,8 @@ def isa_claims(claims_dir: Path | None = None) -> list[str]:
 
 
 def stress_claims(claims_dir: Path | None = None) -> list[str]:
-    """The claims whose tests read a clock (``faults.clocked_claims``), in the book's order."""
-    from .faults import clocked_claims
+    """The claims whose tests read a clock (``claimfiles.clocked_claims``), in the book's order."""
+    from .claimfiles import clocked_claims
 
     clocked = clocked_claims(Path(claims_dir or ROOT / "claims"))
     return [cid for cid in registry.load() if cid in clocked]
@@ -642,7 +642,7 @@ def stress_lines(s: dict[str, Any]) -> list[str]:
 def _guarded(prog: str, body: Callable[[], int]) -> int:
     """``body()``, with Ctrl-C and SIGTERM as one line and exit 130 / 143 (the running pytest and the busy
     processes are stopped on the way out)."""
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         return body()
     except Interrupted as exc:
@@ -651,7 +651,7 @@ def _guarded(prog: str, body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing more was run and no summary was written", file=sys.stderr)
         return 128 + signal.SIGINT
-    except _Terminated:
+    except Terminated:
         print(f"{prog}: terminated (SIGTERM); the running claims run was stopped; no summary was written", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:

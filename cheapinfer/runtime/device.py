@@ -1,7 +1,7 @@
 """Device choice, which claims depend on the device, and the environment record every report carries.
 
 What a CUDA device does differently (clocks, allocator peaks, bandwidth, attention kernel) lives in
-:mod:`cheapinfer.accel`.
+:mod:`cheapinfer.runtime.accel`.
 """
 
 from __future__ import annotations
@@ -10,19 +10,12 @@ import functools
 import importlib.metadata
 import os
 import platform
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
 from .accel import describe, sync  # noqa: F401  (sync: the suite's one way to wait for a device)
-
-#: Profiles whose measurement runs a model on the run's device (``arithmetic`` runs none).
-MODEL_PROFILES = ("twin", "stand-in", "book")
-#: Environment variables that cap the CPU kernels a process may use: oneDNN's (bf16 and int8 matmuls, the
-#: serving dtype's check), ATen's vectorised kernels (attention, reductions, the low-bit packs) and MKL's
-#: (fp32 GEMM). Each run records the ones set (``cpu_isa_caps``) and ATen's capability (``cpu_capability``).
-ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
-
+from .profiles import ISA_VARIABLES
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -60,13 +53,6 @@ def pick(requested: str = "auto") -> torch.device:
         torch.cuda.set_device(device)  # tensors made on plain "cuda" land on the chosen card
     _chosen[:] = [device]
     return device
-
-
-def device_dependent(runs_on: Iterable[str]) -> bool:
-    """Whether a measurement on these profiles depends on the device: it runs a model (twin, stand-in,
-    book) there, so timings, memory peaks, kernels and forward passes come from the device.
-    Arithmetic (bytes, counts, formulas, sampling statistics) does not."""
-    return any(p in MODEL_PROFILES for p in runs_on)
 
 
 def _version(dist: str) -> str:
@@ -127,7 +113,7 @@ def _environment(device: str) -> dict[str, str]:
 def cpu_kernels() -> dict[str, str]:
     """The CPU kernel family the run was allowed: torch's vector capability (``ATEN_CPU_CAPABILITY`` caps it) and
     oneDNN's instruction-set cap (``ONEDNN_MAX_CPU_ISA``; unset: the best the CPU has). The serving dtype of the
-    batch claims follows it (:func:`cheapinfer.models.serving_dtype`)."""
+    batch claims follows it (:func:`cheapinfer.runtime.models.serving_dtype`)."""
     capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
     return {
         "cpu_capability": str(capability),  # ATen's kernel family in this process

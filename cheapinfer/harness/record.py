@@ -4,30 +4,26 @@ A :class:`Recorder` gathers one :class:`Result` per (claim, profile) measurement
 one place where a measurement meets the registry: it judges, records and returns the judgement.
 With ``--perturb ID`` it judges against the claim's book values moved beyond their tolerances
 instead (a demonstration of the comparator; that the measurement itself can fail is shown by the
-fault catalogue, ``cheapinfer.faults``).
+fault catalogue, ``cheapinfer.faults.runner``).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 from . import registry
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 
-_CLAIM_MARK = re.compile(r"""mark\.claim\(\s*["']([A-Z][A-Z0-9.\-]+)["']""")
 
 
-def tested_ids(claims_dir: Path) -> dict[str, list[str]]:
-    """Claim IDs that have a test under ``claims_dir``, with the files naming them."""
-    found: dict[str, list[str]] = {}
-    for path in sorted(Path(claims_dir).glob("test_*.py")):
-        for claim_id in _CLAIM_MARK.findall(path.read_text(encoding="utf-8")):
-            found.setdefault(claim_id, []).append(path.name)
-    return found
+#: The fault record (``faults.json``): a target claim the fault turned red, one the sweep did not run
+#: (another claim had already caught the fault in that run), the file's name, and the two modes of a run.
+RED = "red"
+NOT_REACHED = "not reached"
+RESULT_NAME = "faults.json"
+SWEEP, ALL_TARGETS = "sweep", "all targets"
 
 
 def jsonable(value: Any) -> Any:

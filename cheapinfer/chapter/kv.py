@@ -7,8 +7,9 @@ tensors) use a real transformers model, usually the twin. Shapes follow transfor
 Usable without pytest, e.g.::
 
     import torch
-    from cheapinfer import kv, models
-    from cheapinfer.arch import QWEN25_05B
+    from cheapinfer.chapter import kv
+    from cheapinfer.runtime import models
+    from cheapinfer.runtime.arch import QWEN25_05B
     twin = models.twin("fp32")
     ids = torch.randint(0, 32_000, (1, 8))
     kv.greedy_cached(twin.model, ids, 16)             # prefill, then one token per step
@@ -27,11 +28,11 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from . import hf
-from .arch import QWEN25_05B, Arch
-from .accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
-from .timing import Marks, mark_name
-from .evidence import alone_logits, relative_change
+from ..runtime import hf
+from ..runtime.arch import QWEN25_05B, Arch
+from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
+from ..runtime.timing import Marks, mark_name
+from ..runtime.evidence import alone_logits, relative_change
 
 GIB = 2**30
 
@@ -208,7 +209,7 @@ def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[
 
     ``on_step(k)`` is called after token k (1-based) is chosen, e.g. to read a clock. Only the cache
     and the last token are held between steps (the logits are dropped), as a serving loop would.
-    ``cache``: an empty transformers cache to fill (e.g. :func:`cheapinfer.paging.paged_cache`);
+    ``cache``: an empty transformers cache to fill (e.g. :func:`cheapinfer.chapter.paging.paged_cache`);
     default: the model's own.
     """
     out = hf.forward(model, ids, cache=cache, use_cache=True)
@@ -320,8 +321,8 @@ def _current_name(old: str, messages: list[str]) -> str:
 
 def _continues(model, ids: torch.Tensor, reference: torch.Tensor, got: torch.Tensor) -> bool:
     """``got`` continues ``ids`` as full recomputation (``reference``) does: token for token, up to a near-tie
-    of the two paths' rounding (:func:`cheapinfer.rounding.compare_greedy`)."""
-    from .rounding import compare_greedy
+    of the two paths' rounding (:func:`cheapinfer.runtime.rounding.compare_greedy`)."""
+    from ..runtime.rounding import compare_greedy
 
     return compare_greedy(model, ids[0], reference[0], got[0]).agree
 
@@ -365,7 +366,7 @@ def listing_api(model, ids: torch.Tensor, new_tokens: int) -> dict[str, object]:
 
 
 # ------------------------------------------------------------------------------------------------
-# timing helpers: callables for cheapinfer.timing.interleaved
+# timing helpers: callables for cheapinfer.runtime.timing.interleaved
 # ------------------------------------------------------------------------------------------------
 
 
@@ -434,7 +435,7 @@ def marked_generation(generate: Callable, model, ids: torch.Tensor, new_tokens: 
                       device: torch.device | str) -> Callable[[], Marks]:
     """``generate(model, ids, new_tokens, on_step)`` (:func:`greedy_cached`, :func:`greedy_uncached`) as a repeatable
     timed variant: each call returns the seconds from its start to token k, for every k in ``marks``, read after a
-    device sync (:class:`cheapinfer.timing.Marks`; :func:`cheapinfer.timing.interleaved` keeps each as a series)."""
+    device sync (:class:`cheapinfer.runtime.timing.Marks`; :func:`cheapinfer.runtime.timing.interleaved` keeps each as a series)."""
 
     def go() -> Marks:
         t0, out = time.perf_counter(), Marks()
@@ -451,7 +452,7 @@ def marked_generation(generate: Callable, model, ids: torch.Tensor, new_tokens: 
 
 
 # ------------------------------------------------------------------------------------------------
-# clocked quantities: functions of one set of times (variant -> seconds) for cheapinfer.timing.estimates,
+# clocked quantities: functions of one set of times (variant -> seconds) for cheapinfer.runtime.timing.estimates,
 # which reads each from the variants' medians (its value) and round by round (its noise)
 # ------------------------------------------------------------------------------------------------
 

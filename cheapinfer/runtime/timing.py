@@ -3,7 +3,7 @@
 Ratios, not absolute times, are asserted. Every ratio is measured in one run with the variants
 interleaved round by round (so drift in clock speed or load hits all of them alike), after
 warm-up, with the device synchronised before each clock read, and summarised by the median. Each
-call is timed by :func:`cheapinfer.accel.elapsed`: CUDA events on a GPU, ``perf_counter`` on a CPU.
+call is timed by :func:`cheapinfer.runtime.accel.elapsed`: CUDA events on a GPU, ``perf_counter`` on a CPU.
 
 **Noise, stated.** A quantity read from the rounds (a ratio of two variants' times, a growth factor)
 is estimated from the variants' medians, and its noise from the same quantity computed round by
@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from . import SEED
+from .. import SEED
 from .accel import elapsed, sync
 from .cli import timing_threads
 
@@ -63,7 +63,7 @@ def cpu_threads(n: int | None = TIMING_THREADS):
 class Samples:
     name: str
     seconds: list[float]
-    #: forwards of the counted model in each timed call, where the timing counted them (:func:`cheapinfer.evidence.counted`)
+    #: forwards of the counted model in each timed call, where the timing counted them (:func:`cheapinfer.runtime.evidence.counted`)
     forwards: list[int] = field(default_factory=list)
 
     @property
@@ -225,7 +225,7 @@ def interleaved_until_decided(
     quantity's margin to its bound (``bounds``: quantity -> bound) is within ``sigmas`` standard errors, up to
     :data:`MAX_ROUNDS_FACTOR` x ``rounds`` in all and ``extra_seconds`` (default :data:`EXTRA_SECONDS`) of extra
     time, within what is left of the process's :data:`RUN_EXTRA_SECONDS`. ``pending(estimates)`` names further undecided quantities where a decision is a rule over several
-    estimates rather than one bound (the knee of the batch curve: :func:`cheapinfer.batching.knee_pending`).
+    estimates rather than one bound (the knee of the batch curve: :func:`cheapinfer.chapter.batching.knee_pending`).
     ``run`` times a block (default :func:`interleaved`; the suite's fixture records it with pytest-benchmark)."""
     run = run or (lambda v, r, w: interleaved(v, rounds=r, warmup=w, device=device))
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ import pytest
 
 #: The entry point's name: ``-p no:cheapinfer`` leaves it out.
 NAME = "cheapinfer"
-#: ``--twin-dtype`` choices: the keys of ``cheapinfer.models.DTYPES`` (a self-test checks that they agree).
+#: ``--twin-dtype`` choices: the keys of ``cheapinfer.runtime.models.DTYPES`` (a self-test checks that they agree).
 TWIN_DTYPES = ("fp32", "fp16", "bf16")
 #: Options naming a path or a name: an empty value is a usage error, never the default.
 NONEMPTY = ("--report-dir", "--corpus", "--book-model", "--fault")

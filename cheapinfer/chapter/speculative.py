@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import hf
+from ..runtime import hf
 from .evaluation import greedy
 
 # ------------------------------------------------------------------------------------------------
@@ -270,11 +270,11 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
 
 def generate_traced(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: int = 4, stop_at_eos: bool = True) -> Run:
     """:func:`generate` with the target's and the draft's forwards traced; ``run.evidence`` says whether each
-    model's passes used their cache (``{"target": ..., "draft": ...}``, :func:`cheapinfer.evidence.cache_use`).
+    model's passes used their cache (``{"target": ..., "draft": ...}``, :func:`cheapinfer.runtime.evidence.cache_use`).
 
     A trace sees every forward of its model, also from another thread running the same target."""
-    from .evidence import cache_use
-    from .hf import ForwardTrace
+    from ..runtime.evidence import cache_use
+    from ..runtime.hf import ForwardTrace
 
     with ForwardTrace(target) as t_trace, (ForwardTrace(draft) if draft is not None else _Nothing()) as d_trace:
         run = generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)

@@ -3,7 +3,7 @@
 A loop that silently drops its cache still runs, and often runs fast: a decode step then sees only
 its own token. Its timings, tokens per second and batch curves look like a measurement of a cached
 loop, and a claim built on them stays green. Every loop that claims to use a cache therefore runs
-(at least once, outside its clock) under :class:`cheapinfer.hf.ForwardTrace`, and this module turns
+(at least once, outside its clock) under :class:`cheapinfer.runtime.hf.ForwardTrace`, and this module turns
 what the trace saw into measured conditions for the claim's verdict:
 
 - ``cache_grows_by_fed``: every forward was handed a cache object (under either keyword), at least
@@ -134,7 +134,7 @@ def counted(model, variants: Mapping[str, Callable[[], object]], counts: dict[st
 
 
 def timed_forwards(samples: Mapping[str, object]) -> dict[str, int]:
-    """The measured values of :func:`counted`, from the timed samples (:class:`cheapinfer.timing.Samples`, whose
+    """The measured values of :func:`counted`, from the timed samples (:class:`cheapinfer.runtime.timing.Samples`, whose
     ``forwards`` the suite's ``timed`` fixture fills): the fewest and the most forwards any timed call ran."""
     every = [c for s in samples.values() for c in s.forwards]
     if not every:

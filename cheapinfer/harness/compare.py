@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from .cli import Parser
+from ..runtime.cli import Parser
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 from .report import KEY_ENVIRONMENT, RECORD_NAME, SCHEMA, load, machine_label, markdown_table
 

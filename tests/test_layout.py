@@ -1,0 +1,190 @@
+"""The package's layout: five wings whose imports go down or sideways, never up, and no cycle.
+
+Read from the source (every ``import`` statement, also those inside functions), so that a lazy import
+cannot hide an arrow the wing rules forbid. ``cheapinfer/__init__.py`` (the package face: the seed, the
+version, the checkout) may be imported from anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WINGS = ("chapter", "runtime", "harness", "faults", "reference")
+
+#: What each wing may import, besides itself and the package face.
+MAY_IMPORT = {
+    "runtime": set(),
+    "chapter": {"runtime"},
+    "harness": {"runtime"},  # and only runtime modules without torch: test_the_harness_never_loads_torch
+    "faults": {"chapter", "runtime", "harness"},
+    "reference": {"chapter", "runtime", "harness"},  # the engine runs the chapter's workloads beside vLLM
+    "__main__": set(WINGS),
+}
+
+#: The modules still over the size limit, each with the length it may not exceed while it waits to be split.
+#: This list only shrinks.
+LIMIT = 450
+OVERSIZED: dict[str, int] = {
+    "cheapinfer.chapter.batching": 1276,
+    "cheapinfer.chapter.evaluation": 526,
+    "cheapinfer.chapter.kv": 575,
+    "cheapinfer.chapter.quant": 532,
+    "cheapinfer.faults.catalogue": 1301,
+    "cheapinfer.harness.compare": 595,
+    "cheapinfer.harness.matrix": 714,
+    "cheapinfer.harness.registry": 645,
+    "cheapinfer.harness.report": 685,
+    "cheapinfer.reference.engine": 682,
+}
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules(root: Path = ROOT) -> dict[str, Path]:
+    """The package's modules under the checkout ``root``, by dotted name."""
+    return {_module_name(p, root): p for p in sorted((root / "cheapinfer").rglob("*.py"))}
+
+
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` (module ``name``) imports anywhere in its source: ``from x import y``
+    names the module ``x.y`` where there is one, else ``x`` (whose names it takes)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "cheapinfer"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            if base.split(".")[0] != "cheapinfer":
+                continue
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return found
+
+
+def _graph(root: Path = ROOT) -> dict[str, set[str]]:
+    modules = _modules(root)
+    return {name: {m for m in _imports(path, name, set(modules)) if m in modules and m != name} for name, path in modules.items()}
+
+
+def _wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in sorted(graph.items()):
+        wing = _wing(module)
+        if wing is None or module == "cheapinfer":
+            continue
+        allowed = MAY_IMPORT.get(wing, set()) | {wing}
+        for target in sorted(targets):
+            there = _wing(target)
+            if there is not None and there not in allowed:
+                bad.append(f"{module} imports {target}: {wing}/ may import {', '.join(sorted(allowed))}")
+    return bad
+
+
+def test_every_module_lives_in_a_wing():
+    loose = [name for name in _modules() if name.count(".") == 1 and _wing(name) not in WINGS and name != "cheapinfer.__main__"]
+    assert not loose, f"modules outside the wings {WINGS}: {loose}"
+
+
+def test_imports_go_down_or_sideways():
+    bad = _violations(_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles (every import counts, also inside functions):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_harness_never_loads_torch():
+    """Reading, comparing and reporting records works where torch is not installed: importing every
+    harness module loads no torch (a lazy import of a runtime module that needs it would, when called, and
+    is caught by the rule below)."""
+    harness = [name for name in _modules() if _wing(name) == "harness"]
+    code = "import sys\n" + "".join(f"import {m}\n" for m in harness) + "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+    graph = _graph()
+    for module in harness:
+        for target in graph[module]:
+            if _wing(target) == "runtime":
+                source = _modules()[target].read_text(encoding="utf-8")
+                assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and "torch" in ast.unparse(n).split()
+                               for n in ast.walk(ast.parse(source))), f"{module} imports {target}, which imports torch"
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _modules().items()}
+    over = {name: n for name, n in sizes.items() if n > LIMIT and not (name in OVERSIZED and n <= OVERSIZED[name])}
+    assert not over, f"modules over {LIMIT} lines (split them along their seams): {over}"
+    done = [name for name in OVERSIZED if sizes.get(name, 0) <= LIMIT]
+    assert not done, f"{done} no longer exceed {LIMIT} lines: take them off OVERSIZED"
+
+
+@pytest.mark.parametrize("case", ["up", "cycle"])
+def test_the_layout_checks_see_a_broken_layout(tmp_path, case):
+    """The checks themselves: a chapter module that imports the harness, and two modules that import each other."""
+    pkg = tmp_path / "cheapinfer"
+    for wing in ("chapter", "harness"):
+        (pkg / wing).mkdir(parents=True)
+        (pkg / wing / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    if case == "up":
+        (pkg / "chapter" / "kv.py").write_text("from ..harness import report\n")
+        (pkg / "harness" / "report.py").write_text("")
+        assert _violations(_graph(tmp_path)) == ["cheapinfer.chapter.kv imports cheapinfer.harness.report: chapter/ may import chapter, runtime"]
+    else:
+        (pkg / "harness" / "a.py").write_text("def f():\n    from . import b\n")
+        (pkg / "harness" / "b.py").write_text("from .a import f\n")
+        assert _cycles(_graph(tmp_path)) == [["cheapinfer.harness.a", "cheapinfer.harness.b"]]
+
