@@ -35,7 +35,6 @@ OVERSIZED: dict[str, int] = {
     "cheapinfer.chapter.evaluation": 526,
     "cheapinfer.chapter.kv": 575,
     "cheapinfer.chapter.quant": 532,
-    "cheapinfer.faults.catalogue": 1301,
     "cheapinfer.harness.compare": 595,
     "cheapinfer.harness.matrix": 714,
     "cheapinfer.harness.registry": 645,

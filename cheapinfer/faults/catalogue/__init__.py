@@ -1,0 +1,8 @@
+"""The catalogue of faults, one module per section of the chapter (see :mod:`cheapinfer.faults.core`).
+
+Every fault is a realistic bug in the measured system or a library regression, written as a patch of
+the measurement code that the claims' tests call. Each names the claims it must turn red. Importing
+this package registers every fault, in the book's order.
+"""
+
+from . import kv, batching, quantization, evaluation, speculative, budget  # noqa: F401  (each registers its faults)

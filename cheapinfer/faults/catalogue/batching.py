@@ -1,0 +1,201 @@
+"""Batching and the paged cache (section 2): the batch step, the schedulers, the blocks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...chapter import batching, paging
+from ..core import DISABLED, RULE, STATISTIC, fault, patched
+from .common import misspelled_while, replaying_steps
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. Batching, paged cache
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "batch-step-replays-first",
+    section="BAT",
+    kind=RULE,
+    targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "BAT-STATIC-CONT"),
+    what="the batch curve's repeatable decode step runs its forward once and replays that result on every later call (a step function cached by its arguments), so the clock times no step at any batch size",
+)
+def _batch_step_replays():
+    with replaying_steps(batching, "decode_step"):
+        yield
+
+
+@fault(
+    "batch-step-cache-keyword-dropped",
+    section="BAT",
+    kind=DISABLED,
+    targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "Q-BYTES-SPEED"),
+    what="the batch decode step (the batch curve's, and the low-bit formats' at batch 1) hands its cache over under a keyword the installed transformers does not take, which swallows it: every step decodes its token without the 64-token history",
+)
+def _batch_step_cache_dropped():
+    with patched(batching, "decode_step", misspelled_while(batching, batching.decode_step, returns_callable=True)):
+        yield
+
+
+@fault(
+    "scheduler-cache-keyword-dropped",
+    section="BAT",
+    kind=DISABLED,
+    targets=("BAT-STATIC-CONT",),
+    what="the slot scheduler's step (static and continuous alike) hands the batch's cache over under a keyword the model swallows: each step decodes without the requests' histories",
+)
+def _scheduler_cache_dropped():
+    with patched(batching.SlotBatch, "step", misspelled_while(batching, batching.SlotBatch.step)):
+        yield
+
+
+@fault(
+    "paged-scheduler-cache-keyword-dropped",
+    section="BAT",
+    kind=DISABLED,
+    targets=("PAGE-WASTE", "PAGE-PREFIX"),
+    what="the scheduler on the paged cache hands the paged cache over under a keyword the model swallows, in its prefills and its decode steps: the block tables fill as scheduled, the model never reads them",
+)
+def _paged_scheduler_cache_dropped():
+    with patched(batching.PagedSlotBatch, "step", misspelled_while(batching, batching.PagedSlotBatch.step)), \
+            patched(batching.PagedSlotBatch, "admit", misspelled_while(batching, batching.PagedSlotBatch.admit)):
+        yield
+
+
+@fault(
+    "batch-decoded-serially",
+    section="BAT",
+    kind=DISABLED,
+    targets=("BAT-1-TO-16",),
+    what="the batched decode step loops over its rows, decoding one request after another with its own one-row cache, so a batch of B costs B single steps",
+)
+def _batch_decoded_serially():
+    import torch
+
+    real = batching.decode_step
+
+    def serial(model, batch: int, context: int = 64, seed: int = batching.SEED):
+        rows = [real(model, 1, context, seed + i) for i in range(batch)]
+
+        def step() -> torch.Tensor:
+            return torch.cat([row() for row in rows])  # [B]
+
+        return step
+
+    with patched(batching, "decode_step", serial):
+        yield
+
+
+@fault(
+    "latency-per-token",
+    section="BAT",
+    kind=STATISTIC,
+    targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF"),
+    what="per-request latency is computed as the step time divided by the batch size (the time per generated token), not the step every request of the batch waits for",
+)
+def _latency_per_token():
+    with patched(batching, "request_latency", lambda step_s, batch: step_s / batch):
+        yield
+
+
+@fault(
+    "knee-search-stops-at-first-doubling",
+    section="BAT",
+    kind=RULE,
+    targets=("BAT-KNEE",),
+    what="the knee rule returns after the first doubling of the batch (a return indented into the loop) instead of searching past the steepest doubling",
+)
+def _knee_first_doubling():
+    def first_only(found, threshold: float = 1.25, sigmas: float = 3.0):
+        for d in found:
+            if d.side(threshold, sigmas) == "below":
+                return d.small
+            return None
+        return None
+
+    with patched(batching, "knee", first_only):
+        yield
+
+
+@fault(
+    "knee-search-stops-at-fixed-size",
+    section="BAT",
+    kind=RULE,
+    targets=("BAT-KNEE",),
+    what="the knee search looks no further than a fixed batch size, 16 (the book's own table), and stops there, although the device's memory and the search's time budget allow more",
+)
+def _knee_search_fixed_size():
+    real = batching.search_knee
+    fixed = 16
+
+    def stop_at_fixed(steps, spent_s, budget, memory, rounds, warmup=1, setup_s=0.0):
+        if max(steps) >= fixed:
+            return batching.Plan(None, f"the search stops at batch {fixed}")
+        return batching.plan_next(steps, spent_s, budget, memory, rounds, warmup=warmup, setup_s=setup_s)
+
+    def fixed_range(curve, measure, budget, memory, rounds, threshold=1.25, sigmas=3.0, warmup=1, plan=None, clock=None):
+        kept = {b: v for b, v in curve.items() if b <= fixed}
+        return real(kept, measure, budget, memory, rounds, threshold, sigmas, warmup, plan=stop_at_fixed, **({"clock": clock} if clock else {}))
+
+    with patched(batching, "search_knee", fixed_range):
+        yield
+
+
+@fault(
+    "static-refills-slots",
+    section="BAT",
+    kind=RULE,
+    targets=("BAT-STATIC-CONT",),
+    what="the static scheduler admits the next queued request into a freed slot at the next step, like a continuous one, instead of holding the slot as padding until the group's longest member is done",
+)
+def _static_refills_slots():
+    real = batching.simulate
+
+    def refilling(policy, lengths, slots, step_cost):
+        result = real("continuous" if policy == "static" else policy, lengths, slots, step_cost)
+        return dataclasses.replace(result, policy=policy)
+
+    with patched(batching, "simulate", refilling):
+        yield
+
+
+@fault(
+    "paging-block-handed-out-twice",
+    section="BAT",
+    kind=RULE,
+    targets=("PAGE-WASTE", "PAGE-PREFIX"),
+    what="the allocator hands out a block but leaves it on the free list, so a later sequence is mapped onto the same physical block",
+)
+def _paging_block_twice():
+    def take(self) -> int:
+        if not self.free:
+            raise paging.OutOfBlocks(f"all {len(self.refs)} blocks are in use")
+        b = self.free[0]  # the bug: peeked, never popped
+        self.refs[b] = 1
+        self.handed_out += 1
+        self.reused += b in self._ever
+        self._ever.add(b)
+        return b
+
+    with patched(paging.PagedKVCache, "_take", take):
+        yield
+
+
+@fault(
+    "paging-fork-not-refcounted",
+    section="BAT",
+    kind=RULE,
+    targets=("PAGE-PREFIX",),
+    what="a sequence that shares a prefix's blocks does not take a reference on them, so the first owner to finish frees blocks still in use",
+)
+def _paging_fork_no_ref():
+    real = paging.PagedKVCache.fork
+
+    def fork(self, parent, child, tokens=None) -> None:
+        real(self, parent, child, tokens)
+        for b in self.tables[child]:
+            self.refs[b] -= 1  # the bug: the fork's reference is never taken
+
+    with patched(paging.PagedKVCache, "fork", fork):
+        yield

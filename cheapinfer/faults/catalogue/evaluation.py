@@ -1,0 +1,125 @@
+"""Does quantization hurt? (section 5): the error table's perplexity, battery and agreement."""
+
+from __future__ import annotations
+
+from ...chapter import evaluation, quant
+from ..core import DISABLED, RULE, STATISTIC, fault, patched
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. Does quantization hurt?
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "eval-ppl-windows-overlap",
+    section="EVAL",
+    kind=STATISTIC,
+    targets=("EVAL-TABLE",),
+    what="the perplexity slides its windows with a stride of half a window and forgets to mask the overlap, so every token after the first half-window is scored twice",
+)
+def _eval_ppl_windows_overlap():
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    @torch.no_grad()
+    def overlapping(model, ids, window=evaluation.WINDOW):
+        device = next(model.parameters()).device
+        inputs = ids[:-1].unfold(0, window, window // 2).to(device)  # [W', window], windows overlapping by half
+        targets = ids[1:].unfold(0, window, window // 2).to(device)
+        logits = model(input_ids=inputs, use_cache=False).logits
+        return math.exp(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item())
+
+    with patched(evaluation, "perplexity", overlapping):
+        yield
+
+
+@fault(
+    "eval-agreement-off-by-one",
+    section="EVAL",
+    kind=RULE,
+    targets=("EVAL-INT8-FREE", "EVAL-AGREEMENT", "SPEC-ALPHA"),
+    what="agreement compares the model's guess at position t (which predicts t + 1) with the reference token at t: the logits are not shifted",
+)
+def _eval_agreement_off_by_one():
+    def unshifted(pred_row, continuation):
+        start = len(continuation.prompt)  # should be start - 1
+        return pred_row[start : start + len(continuation.tokens)]
+
+    with patched(evaluation, "aligned_guesses", unshifted):
+        yield
+
+
+@fault(
+    "eval-agreement-free-running",
+    section="EVAL",
+    kind=RULE,
+    targets=("EVAL-AGREEMENT",),
+    what="agreement compares each scheme's own greedy continuation of the prompt with the reference's tokens, instead of its guess at the reference's context: once a scheme leaves the reference's path, every later position is judged on another text",
+)
+def _eval_agreement_free_running():
+    def free_running(model, continuations):
+        return [[g == t for g, t in zip(evaluation.greedy(model, c.prompt, len(c.tokens)), c.tokens)] for c in continuations]
+
+    with patched(evaluation, "agreement_by_position", free_running):
+        yield
+
+
+@fault(
+    "eval-mcnemar-counts-ties",
+    section="EVAL",
+    kind=STATISTIC,
+    targets=("EVAL-INT8-TENSOR",),
+    what="McNemar's test is run over all questions instead of the discordant ones: questions both schemes answer alike count as trials, so 'no change' looks like a significant one",
+)
+def _eval_mcnemar_counts_ties():
+    from scipy import stats
+
+    def over_all(first, second):
+        lost = sum(a and not b for a, b in zip(first, second))
+        gained = sum(b and not a for a, b in zip(first, second))
+        return evaluation.PairedChange(lost, gained, float(stats.binomtest(lost, len(first), 0.5).pvalue))
+
+    with patched(evaluation, "mcnemar_exact", over_all):
+        yield
+
+
+@fault(
+    "eval-interval-wrong-level",
+    section="EVAL",
+    kind=STATISTIC,
+    targets=("EVAL-NOISE",),
+    what="the binomial interval is given the significance level (0.05) where it expects the confidence level (0.95)",
+)
+def _eval_interval_wrong_level():
+    real = evaluation.binomial_interval
+
+    def wrong_level(k, n, confidence=evaluation.CONFIDENCE):
+        return real(k, n, 1 - confidence)
+
+    with patched(evaluation, "binomial_interval", wrong_level):
+        yield
+
+
+@fault(
+    "eval-quantization-not-applied",
+    section="EVAL",
+    kind=DISABLED,
+    targets=("EVAL-INT4-COLLAPSE", "EVAL-GRANULARITY"),
+    what="the quantized copy writes its fake-quantized weights into a detached clone, so every scheme's model keeps the full-precision weights",
+)
+def _eval_quantization_not_applied():
+    import copy
+
+    def unquantized(model, scheme):
+        clone = copy.deepcopy(model)
+        for p in quant.projection_weights(clone).values():
+            p.detach().clone().copy_(quant.fake_quantize(p, scheme))  # written into a copy that is thrown away
+        clone.eval()
+        clone.requires_grad_(False)
+        return clone
+
+    with patched(quant, "quantized_copy", unquantized):
+        yield

@@ -1,0 +1,245 @@
+"""The KV cache (section 1): its bytes, its use in every generation loop, the listing, fused attention."""
+
+from __future__ import annotations
+
+import torch
+
+from ...chapter import asides, kv
+from ...runtime import hf
+from ..core import CONSTANT, DISABLED, RULE, fault, patched
+from .common import replaying_steps
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. KV cache
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "kv-bytes-counts-query-heads",
+    section="KV",
+    kind=CONSTANT,
+    targets=("KV-BYTES-FORMULA", "KV-RESIDENT-ONLY", "KV-MHA-7X", "KV-7B-CACHE"),
+    what="the cache-size formula counts the 14 query heads instead of the 2 KV heads (the MHA formula applied to a GQA model)",
+)
+def _kv_bytes_query_heads():
+    real = kv.kv_bytes_per_token
+
+    def wrong(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int) -> int:
+        return real(layers, kv_heads * 7, head_dim, bytes_per_element)
+
+    with patched(kv, "kv_bytes_per_token", wrong):
+        yield
+
+
+@fault(
+    "kv-decode-step-replays-first",
+    section="KV",
+    kind=RULE,
+    targets=("KV-DECODE-MEMBOUND", "KV-DECODE-FLAT", "KV-PREFILL-DECODE"),
+    what="the repeatable decode step runs its forward once and replays that result on every later call (a step function cached by its arguments), so the clock times no forward",
+)
+def _kv_decode_step_replays():
+    with replaying_steps(kv, "decode_step"):
+        yield
+
+
+@fault(
+    "kv-prefill-replays-first",
+    section="KV",
+    kind=RULE,
+    targets=("KV-PREFILL-GROWS", "KV-PREFILL-DECODE"),
+    what="the repeatable prefill runs its forward once and replays that result on every later call (a prompt cache keyed by the prompt), so the clock times no prefill after the first",
+)
+def _kv_prefill_replays():
+    with replaying_steps(kv, "prefill"):
+        yield
+
+
+@fault(
+    "kv-generation-replayed-from-store",
+    section="KV",
+    kind=RULE,
+    targets=("KV-SPEEDUP-48",),
+    what="cached generation keeps a store keyed by its prompt and length (a response cache) and, for a prompt it has seen, streams the stored tokens through its step callback without running the model, so every timed round after the first times a lookup",
+)
+def _kv_generation_replayed():
+    real, store = kv.greedy_cached, {}
+
+    def replaying(model, ids, new_tokens, on_step=None, cache=None):
+        key = (id(model), tuple(ids.flatten().tolist()), new_tokens)
+        if key not in store:
+            store[key] = real(model, ids, new_tokens, on_step, cache)
+            return store[key]
+        for k in range(1, new_tokens + 1):
+            if on_step:
+                on_step(k)
+        return store[key]
+
+    with patched(kv, "greedy_cached", replaying):
+        yield
+
+
+@fault(
+    "kv-decode-ignores-cache",
+    section="KV",
+    kind=DISABLED,
+    targets=("KV-IDENTITY", "KV-SPEEDUP-48", "KV-PREFILL-DECODE", "KV-DECODE-FLAT", "KV-DECODE-MEMBOUND"),
+    what="the decode step stops handing its cache to the model (a renamed keyword dropped on the way), so every step sees only its own token: fast, flat in context, and wrong",
+)
+def _kv_decode_ignores_cache():
+    def no_cache(model, new_ids, past):
+        return model(new_ids, use_cache=True)
+
+    with patched(kv, "cached_forward", no_cache):
+        yield
+
+
+@fault(
+    "kv-cached-generation-recomputes",
+    section="KV",
+    kind=DISABLED,
+    targets=("KV-SPEEDUP-48", "KV-IDENTITY"),
+    what="'cached' generation feeds the whole sequence at every step with a fresh cache: the right tokens, at the cost of recomputation",
+)
+def _kv_cached_generation_recomputes():
+    @torch.inference_mode()
+    def recomputing(model, ids, new_tokens, on_step=None):
+        seq = ids
+        for k in range(1, new_tokens + 1):
+            nxt = model(seq, use_cache=True).logits[:, -1:].argmax(-1)
+            seq = torch.cat([seq, nxt], dim=1)
+            if on_step:
+                on_step(k)
+        return seq[:, ids.shape[1]:]
+
+    with patched(kv, "greedy_cached", recomputing):
+        yield
+
+
+@fault(
+    "kv-uncached-reuses-cache",
+    section="KV",
+    kind=DISABLED,
+    targets=("KV-MEMORY-8.3X",),
+    what="the 'uncached' baseline keeps the cache of its previous step and feeds only the new token, so it is a cached generation under another name",
+)
+def _kv_uncached_reuses_cache():
+    kept: dict[int, tuple] = {}
+
+    def reusing(model, seq):
+        cache, length = kept.get(id(model), (None, -1))
+        if cache is not None and length == seq.shape[1] - 1:
+            out = hf.forward(model, seq[:, -1:], cache=cache, use_cache=True)
+        else:
+            out = model(seq, use_cache=True)
+        kept[id(model)] = (kv.returned_cache(out), seq.shape[1])
+        return out.logits[:, -1:].argmax(-1)
+
+    with patched(kv, "uncached_next", reusing):
+        yield
+
+
+@fault(
+    "kv-head-cached-scores-every-query",
+    section="KV",
+    kind=DISABLED,
+    targets=("KV-HEAD-TIMING", "KV-SCORES-BYTES"),
+    what="the cached head step projects and scores every query instead of the new token's (the query is not sliced to the last row), then keeps the last row: right output, recompute's cost",
+)
+def _kv_head_cached_scores_every_query():
+    import math
+
+    def cached(self):
+        x = self.x[-1:]
+        k = torch.cat([self.k_cache, x @ self.wk])  # [n, d]
+        v = torch.cat([self.v_cache, x @ self.wv])
+        scores = ((self.x @ self.wq) @ k.T) / math.sqrt(self.d)  # [n, n]: every query
+        mask = torch.ones(self.n, self.n, dtype=torch.bool, device=scores.device).triu_(1)
+        return (scores.masked_fill(mask, float("-inf")).softmax(-1) @ v)[-1:], scores
+
+    with patched(kv.Head, "cached", cached):
+        yield
+
+
+@fault(
+    "kv-macs-attention-counts-kv-heads",
+    section="KV",
+    kind=CONSTANT,
+    targets=("KV-MACS",),
+    what="the closed form's attention MACs per query-key pair count the 2 KV heads instead of the 14 query heads (GQA shares keys, not the work)",
+)
+def _kv_macs_attention_kv_heads():
+    def wrong(arch=kv.QWEN25_05B):
+        return 2 * arch.layers * arch.kv_heads * arch.head_dim
+
+    with patched(kv, "attention_macs_per_pair", wrong):
+        yield
+
+
+@fault(
+    "kv-measured-bytes-keys-only",
+    section="KV",
+    kind=RULE,
+    targets=("KV-BYTES-MEASURED", "KV-RESIDENT-ONLY", "KV-MHA-7X", "KV-7B-CACHE"),
+    what="the cache-tensor walk collects only each layer's keys, not its values (the measured cache is half its size)",
+)
+def _kv_measured_bytes_keys_only():
+    def keys_only(cache):
+        if hasattr(cache, "layers"):
+            return [layer.keys for layer in cache.layers]
+        return [pair[0] for pair in cache]
+
+    with patched(kv, "dynamic_cache_tensors", keys_only):
+        yield
+
+
+@fault(
+    "kv-prefill-feeds-last-token",
+    section="KV",
+    kind=RULE,
+    targets=("KV-PREFILL-GROWS",),
+    what="the timed prefill slices the prompt to its last token (ids[:, -1:], the decode-step slice), so time to first token no longer depends on the prompt",
+)
+def _kv_prefill_last_token():
+    def last_only(model, ids):
+        return lambda: model(ids[:, -1:], use_cache=True)
+
+    with patched(kv, "prefill", last_only):
+        yield
+
+
+@fault(
+    "kv-listing-cache-alias-dropped",
+    section="KV",
+    kind=DISABLED,
+    targets=("KV-API",),
+    what="a transformers regression: the output's `past_key_values` alias silently returns None, so the listing as printed feeds back no cache",
+)
+def _kv_listing_alias_dropped():
+    from transformers.utils import generic
+
+    read = generic.ModelOutput.__getattribute__
+
+    def dropped(self, name):  # 5.x: a deprecated alias property; 4.x: the dataclass field itself
+        return None if name == "past_key_values" else read(self, name)
+
+    with patched(generic.ModelOutput, "__getattribute__", dropped):
+        yield
+
+
+@fault(
+    "flash-fused-drops-causal-mask",
+    section="ASIDE",
+    kind=RULE,
+    targets=("FLASH-NO-SCORES",),
+    what="the fused attention call forgets is_causal, so it attends to future positions: not the same function as the explicit path",
+)
+def _flash_drops_causal():
+    real = asides.fused
+
+    def no_mask(q, k, v, causal=True):
+        return real(q, k, v, False)
+
+    with patched(asides, "fused", no_mask):
+        yield

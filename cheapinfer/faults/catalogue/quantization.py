@@ -1,0 +1,371 @@
+"""Weight quantization and activation outliers (sections 3-4): scales, levels, codes, formats, kernels."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import torch
+
+from ...chapter import batching, formats, lowbit, outliers, quant
+from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from .common import replaying_first
+
+
+# ------------------------------------------------------------------------------------------------
+# 3-4. Weight quantization, activation outliers
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "q-sizes-in-gib",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-SIZES",),
+    what="model sizes computed in binary GiB (2^30 B) while the chapter's GB are decimal (10^9 B)",
+)
+def _q_sizes_in_gib():
+    with patched(quant, "decimal_gb", lambda parameters, bytes_per_parameter: parameters * bytes_per_parameter / 2**30):
+        yield
+
+
+def _listing_with_scale(scale_of):
+    """The chapter's listing with its scale line replaced by ``scale_of(W, bits)``."""
+
+    def listing(W, bits):
+        qmax = 2 ** (bits - 1) - 1
+        scale = scale_of(W, bits)
+        Wq = torch.round(W / scale).clamp(-qmax - 1, qmax)
+        return Wq, scale, Wq * scale
+
+    return patched(quant, "absmax_listing", listing)
+
+
+def _schemes_parsed_as(change):
+    """Every parsed scheme passed through ``change(scheme) -> scheme`` (a wrong group or granularity)."""
+    real = quant.parse_scheme
+    return patched(quant, "parse_scheme", lambda name: change(real(name)))
+
+
+@fault(
+    "q-absmax-scale-over-2-pow-b-1",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-ABSMAX",),
+    what="the absmax scale divides by 2^(b-1) (128 at 8 bits) instead of qmax = 2^(b-1) - 1, so the largest weight lands beyond qmax and is clamped",
+)
+def _q_absmax_over_128():
+    with _listing_with_scale(lambda W, bits: W.abs().max() / 2 ** (bits - 1)):
+        yield
+
+
+@fault(
+    "q-absmax-signed-max",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ABSMAX",),
+    what="the scale is taken from W.max() instead of W.abs().max(): a matrix whose largest magnitude is negative gets a too small (or negative) scale",
+)
+def _q_absmax_signed_max():
+    with _listing_with_scale(lambda W, bits: W.max() / (2 ** (bits - 1) - 1)):
+        yield
+
+
+@fault(
+    "q-suite-rounds-half-away",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ABSMAX",),
+    what="the suite's quantizer rounds halves away from zero (C's roundf, gguf's rule) instead of the chapter's torch.round",
+)
+def _q_suite_rounds_half_away():
+    with patched(quant, "ROUNDING", "half-away"):
+        yield
+
+
+@fault(
+    "q-group-64-for-128",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-BITS-G128",),
+    what="a group-128 scheme quantizes with groups of 64 (a default block size that overrides the one asked for)",
+)
+def _q_group_64_for_128():
+    with _schemes_parsed_as(lambda s: replace(s, group=64) if s.group == 128 else s):
+        yield
+
+
+@fault(
+    "q-scales-stored-fp32",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-BITS-G128",),
+    what="scales are stored in fp32 instead of fp16 (bitsandbytes' absmax dtype), 32 instead of 16 bits per group",
+)
+def _q_scales_fp32():
+    with patched(quant, "SCALE_DTYPE", torch.float32):
+        yield
+
+
+@fault(
+    "q-nf4-uniform-levels",
+    section="Q",
+    kind=RULE,
+    targets=("Q-NF4",),
+    what="the NF4 codebook is 16 evenly spaced levels over [-1, 1] instead of the normal quantiles",
+)
+def _q_nf4_uniform():
+    with patched(quant, "nf4_codebook", lambda dtype=torch.float32: torch.linspace(-1.0, 1.0, 16, dtype=dtype)):
+        yield
+
+
+@fault(
+    "q-row-scales-per-tensor",
+    section="Q",
+    kind=DISABLED,
+    targets=("Q-ROW-3.4", "Q-ABSMAX"),
+    what="per-row scaling silently falls back to one scale per tensor",
+)
+def _q_row_per_tensor():
+    with _schemes_parsed_as(lambda s: replace(s, granularity="tensor") if s.granularity == "row" else s):
+        yield
+
+
+@fault(
+    "q-tensor-scales-per-row",
+    section="Q",
+    kind=RULE,
+    targets=("Q-TWO-THREE-LEVELS", "Q-ERROR-TABLE"),
+    what="a per-tensor scheme silently takes one scale per row (an axis mix-up in the absmax), hiding the collapse",
+)
+def _q_tensor_per_row():
+    with _schemes_parsed_as(lambda s: replace(s, granularity="row") if s.granularity == "tensor" else s):
+        yield
+
+
+@fault(
+    "q-count-includes-biases",
+    section="Q",
+    kind=RULE,
+    targets=("Q-COUNT",),
+    what="the projection filter matches every '*_proj.*' parameter, so the q, k, v biases count as matrices",
+)
+def _q_count_biases():
+    pattern = re.compile(r"\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.")
+
+    with patched(quant, "_PROJ", pattern):
+        yield
+
+
+@fault(
+    "q-row-scales-from-transposed-view",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ROW-3.4",),
+    what="per-row scales are taken from the rows of the transposed weight's memory viewed as [out, in] (W.T.reshape(out, in)): each row's scale is the largest |w| of other weights, along the wrong axis",
+)
+def _q_row_scales_transposed():
+    real = quant._region_absmax
+
+    def wrong_axis(w, s, blocks):
+        if s.granularity != "row":
+            return real(w, s, blocks)
+        return w.t().reshape(w.shape).abs().amax(dim=1, keepdim=True)
+
+    with patched(quant, "_region_absmax", wrong_axis):
+        yield
+
+
+@fault(
+    "formats-bnb-absmax-in-16-bits",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-NF4",),
+    what="the NF4 storage is measured on a QuantState whose fp32 absmax was cast to fp16 (the chapter's 16-bit assumption) before it is counted and written: the library's own layout is no longer what is measured",
+)
+def _formats_bnb_absmax_16():
+    real = formats._bnb_state
+
+    def half_absmax(w, double_quant):
+        codes, qs = real(w, double_quant)
+        if qs.state2 is None:
+            qs.absmax = qs.absmax.half()
+        return codes, qs
+
+    with patched(formats, "_bnb_state", half_absmax):
+        yield
+
+
+@fault(
+    "formats-bnb-count-misses-absmax",
+    section="Q",
+    kind=RULE,
+    targets=("Q-NF4",),
+    what="the count of the bytes bitsandbytes holds leaves out the absmax of each block (codes and code books only)",
+)
+def _formats_bnb_count_misses_absmax():
+    real = formats._bnb_parts
+
+    def codes_only(codes, qs):
+        return {k: v for k, v in real(codes, qs).items() if k != "absmax"}
+
+    with patched(formats, "_bnb_parts", codes_only):
+        yield
+
+
+@fault(
+    "q-listing-codes-cast-to-int8",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ABSMAX",),
+    what="the chapter's absmax listing is run with its codes cast to int8 (a silent fix of the listing): what is measured is no longer the listing as printed",
+)
+def _q_listing_cast():
+    real = quant.absmax_listing
+
+    def cast(W, bits):
+        Wq, scale, W_hat = real(W, bits)
+        return Wq.to(torch.int8), scale, W_hat
+
+    with patched(quant, "absmax_listing", cast):
+        yield
+
+
+@fault(
+    "q-tail-share-as-fraction",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-DOWNPROJ-STATS",),
+    what="the share of weights beyond six standard deviations is given as a fraction where the listing prints a percentage (100 times too small)",
+)
+def _q_tail_share_fraction():
+    real = quant.tail_summary
+
+    def as_fraction(max_abs, std, beyond, numel):
+        return {**real(max_abs, std, beyond, numel), "beyond_percent": beyond / numel}
+
+    with patched(quant, "tail_summary", as_fraction):
+        yield
+
+
+@fault(
+    "q-std-is-frobenius-norm",
+    section="Q",
+    kind=STATISTIC,
+    targets=("Q-DOWNPROJ-STATS",),
+    what="the spread of a matrix is its Frobenius norm instead of its standard deviation (sqrt(n) times too large)",
+)
+def _q_std_norm():
+    with patched(quant, "spread", lambda w: float(torch.linalg.vector_norm(w))):
+        yield
+
+
+@fault(
+    "out-scan-reads-weights",
+    section="OUT",
+    kind=RULE,
+    targets=("OUT-DIM62", "OUT-PERSISTS"),
+    what="the outlier scan reads each layer's down_proj weight (the matrix that writes into the residual stream) instead of the residual stream itself",
+)
+def _out_reads_weights():
+    def weights_as_stream(model, input_ids):
+        layers = model.model.layers
+        per_layer = [layer.mlp.down_proj.weight.detach().float().T.cpu() for layer in layers]  # [intermediate, hidden]
+        return torch.stack(per_layer[:1] + per_layer)  # [L+1, intermediate, hidden]
+
+    with patched(outliers, "residual_stream", weights_as_stream):
+        yield
+
+
+@fault(
+    "out-layer-floors-to-embedding",
+    section="OUT",
+    kind=CONSTANT,
+    targets=("OUT-HISTOGRAM", "OUT-INT8-LEVELS", "OUT-ONE-LEVEL", "OUT-EXCLUDE-4"),
+    what="the book's layer is scaled with integer division first (16 // 24 * n = 0), so the layer-16 tensor is the embedding output",
+)
+def _out_layer_zero():
+    with patched(outliers, "scaled_layer", lambda book_layer, n_layers: book_layer // outliers.BOOK_LAYERS * n_layers):
+        yield
+
+
+@fault(
+    "out-gap-counts-bin-distance",
+    section="OUT",
+    kind=RULE,
+    targets=("OUT-HISTOGRAM",),
+    what="the empty octaves between the bulk and the outlier are counted as the distance between their two bins (4 for bins 7 and 11), not the empty bins between them (3)",
+)
+def _out_gap_off_by_one():
+    def distance(counts):
+        full = [i for i, c in enumerate(counts) if c]
+        return max((b - a for a, b in zip(full, full[1:]) if b - a > 1), default=0)
+
+    with patched(outliers, "empty_octaves_between", distance):
+        yield
+
+
+@fault(
+    "out-int8-scale-ignores-outlier",
+    section="OUT",
+    kind=STATISTIC,
+    targets=("OUT-INT8-LEVELS", "OUT-ONE-LEVEL", "OUT-EXCLUDE-4"),
+    what="the INT8 level count uses a calibrated scale (99.9th percentile of |h| / 127) that clips the outlier instead of the tensor's absmax",
+)
+def _out_scale_ignores_outlier():
+    def clipped_scale(h):
+        return float(torch.quantile(h.abs().flatten().double(), 0.999)) / 127
+
+    with patched(outliers, "tensor_scale", clipped_scale):
+        yield
+
+
+@fault(
+    "lowbit-left-in-16bit",
+    section="Q",
+    kind=DISABLED,
+    targets=("Q-BYTES-SPEED",),
+    what="the quantized copy is silently left in 16 bits (a quantization call that matched no layer): same bytes, same speed",
+)
+def _lowbit_left_in_16bit():
+    def unchanged(model, name, random_codes=False, seed=0, projections_only=False, act_dtype=None):
+        return lowbit._sharing_copy(model).eval().requires_grad_(False)
+
+    with patched(lowbit, "variant", unchanged):
+        yield
+
+
+@fault(
+    "lowbit-int8-dequantizes-every-call",
+    section="Q",
+    kind=DISABLED,
+    targets=("Q-BYTES-SPEED",),
+    what="the int8 layer dequantizes its whole weight to the activation dtype on every call and runs a dense product, instead of the kernel that reads the codes",
+)
+def _lowbit_dequantize_every_call():
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.codes.to(x.dtype) * self.scales[:, None]  # [out, in], rebuilt every call
+        return torch.nn.functional.linear(x, w, self.bias)
+
+    with patched(lowbit.Int8Linear, "forward", forward):
+        yield
+
+
+@fault(
+    "lowbit-step-replays-first",
+    section="Q",
+    kind=RULE,
+    targets=("Q-BYTES-SPEED",),
+    what="the low-bit copies' decode step runs its forward once and replays that result on every later call (a step cached by its arguments: "
+         "the packed codes never change), so the clock times no kernel; the speedups grow, bounded below only",
+)
+def _lowbit_step_replays():
+    real = batching.decode_step
+
+    def replaying(model, batch, context=64, seed=batching.SEED):
+        step = real(model, batch, context, seed)
+        low_bit = any(isinstance(m, (lowbit.Int8Linear, lowbit.Int4Linear)) for m in model.modules())
+        return replaying_first(step) if low_bit else step
+
+    with patched(batching, "decode_step", replaying):
+        yield

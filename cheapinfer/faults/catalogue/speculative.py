@@ -1,0 +1,257 @@
+"""Speculative decoding and distillation (sections 6-7): acceptance, verification, the loop, the soft targets."""
+
+from __future__ import annotations
+
+from ...chapter import distill, speculative
+from ..core import CONSTANT, DISABLED, RULE, fault, patched
+from .common import MISSPELLED_HF, misspelled_while, replaying_first
+
+
+# ------------------------------------------------------------------------------------------------
+# 6-7. Speculative decoding, distillation
+# ------------------------------------------------------------------------------------------------
+
+
+def _spec_passes_misspelled(which: str):
+    """speculative.generate whose ``which`` ("target" or "draft") passes misspell the cache keyword."""
+    real_generate, real_forward = speculative.generate, speculative._forward
+
+    def generate(target, prompt, new_tokens, draft=None, gamma=4, stop_at_eos=True):
+        broken = target if which == "target" else draft
+
+        def forward(model, tokens, cache, keep):
+            if model is broken:
+                with patched(speculative, "hf", MISSPELLED_HF):
+                    return real_forward(model, tokens, cache, keep)
+            return real_forward(model, tokens, cache, keep)
+
+        with patched(speculative, "_forward", forward):
+            return real_generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
+
+    return generate
+
+
+@fault(
+    "spec-verify-pass-replays-first",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-VERIFY-COST",),
+    what="each repeatable verification pass runs its forward once and replays that result on every later call (a pass cached by its arguments), so the clock times no pass at any width",
+)
+def _spec_verify_replays():
+    real = speculative.verify_callables
+
+    def replaying(model, context, widths, seed):
+        return {name: replaying_first(step) for name, step in real(model, context, widths, seed).items()}
+
+    with patched(speculative, "verify_callables", replaying):
+        yield
+
+
+@fault(
+    "spec-plain-generation-replayed-from-store",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-REAL-SLOWDOWN",),
+    what="plain greedy generation (no draft) keeps a store keyed by its model, prompt and length (a response cache) and returns the stored run for a prompt it has seen without running the model, so every timed round of the baseline after the first times a lookup and speculation looks slower than ever",
+)
+def _spec_plain_generation_replayed():
+    real, store = speculative.generate, {}
+
+    def replaying(target, prompt, new_tokens, draft=None, gamma=4, stop_at_eos=True):
+        if draft is not None:
+            return real(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
+        key = (id(target), tuple(prompt), new_tokens, stop_at_eos)
+        if key not in store:
+            store[key] = real(target, prompt, new_tokens, stop_at_eos=stop_at_eos)
+        return store[key]
+
+    with patched(speculative, "generate", replaying):
+        yield
+
+
+@fault(
+    "spec-target-cache-keyword-dropped",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-VERIFY-COST", "SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
+    what="the target's verification pass hands its cache over under a keyword the model swallows: each pass scores the proposals without the sequence before them",
+)
+def _spec_target_cache_dropped():
+    real_verify = speculative.verify_callables
+
+    def verify_callables(*args, **kwargs):
+        with patched(speculative, "hf", MISSPELLED_HF):
+            made = real_verify(*args, **kwargs)
+        return {name: misspelled_while(speculative, call) for name, call in made.items()}
+
+    with patched(speculative, "generate", _spec_passes_misspelled("target")), patched(speculative, "verify_callables", verify_callables):
+        yield
+
+
+@fault(
+    "spec-draft-cache-keyword-dropped",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
+    what="the draft's passes hand its cache over under a keyword the model swallows: the draft proposes from its last token alone, the target still verifies, so every emitted token stays the target's",
+)
+def _spec_draft_cache_dropped():
+    with patched(speculative, "generate", _spec_passes_misspelled("draft")):
+        yield
+
+
+@fault(
+    "spec-accept-q-over-p",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-EXACT-SAMPLING",),
+    what="the acceptance rule is written min(1, q(x) / p(x)) instead of min(1, p(x) / q(x))",
+)
+def _spec_accept_q_over_p():
+    import torch
+
+    with patched(speculative, "accept_probability", lambda p, q: torch.clamp(q / p, max=1.0)):
+        yield
+
+
+@fault(
+    "spec-residual-not-normalised",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-EXACT-SAMPLING",),
+    what="the residual distribution max(0, p - q) is used without renormalising it",
+)
+def _spec_residual_not_normalised():
+    with patched(speculative, "residual", lambda p, q: (p - q).clamp_min(0)):
+        yield
+
+
+@fault(
+    "spec-greedy-keeps-draft-token",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-EXACT-GREEDY",),
+    what="on the first mismatch the greedy loop keeps the draft's token instead of the target's correction",
+)
+def _spec_greedy_keeps_draft_token():
+    def keeps_draft(proposals, target_choice):
+        n = 0
+        while n < len(proposals) and proposals[n] == target_choice[n]:
+            n += 1
+        return n, list(proposals[:n]) + [int(proposals[n] if n < len(proposals) else target_choice[n])]
+
+    with patched(speculative, "accept_greedy", keeps_draft):
+        yield
+
+
+@fault(
+    "spec-greedy-drops-target-token",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-ALPHA", "SPEC-SLOWDOWN"),
+    what="after accepted proposals the greedy loop drops the target's own token (the correction or the bonus) and lets the next pass find it again: the emitted tokens stay the target's, each pass keeps one token fewer",
+)
+def _spec_greedy_drops_target_token():
+    real = speculative.accept_greedy
+
+    def drops(proposals, target_choice):
+        n, kept = real(proposals, target_choice)
+        return (n, kept[:-1]) if n > 0 else (n, kept)
+
+    with patched(speculative, "accept_greedy", drops):
+        yield
+
+
+@fault(
+    "spec-expected-off-by-one",
+    section="SPEC",
+    kind=CONSTANT,
+    targets=("SPEC-EXPECTED", "SPEC-SPEEDUP", "SPEC-SLOWDOWN"),
+    what="the expected tokens per pass sum gamma terms, (1 - a^gamma) / (1 - a), forgetting the target's own token",
+)
+def _spec_expected_off_by_one():
+    def gamma_terms(alpha, gamma):
+        return float(gamma) if alpha == 1.0 else (1.0 - alpha**gamma) / (1.0 - alpha)
+
+    with patched(speculative, "expected_tokens", gamma_terms):
+        yield
+
+
+@fault(
+    "spec-draft-cost-per-pass",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-SPEEDUP", "SPEC-SLOWDOWN", "SPEC-GAMMA8"),
+    what="the draft's cost is charged once per verification pass instead of once per proposed token: E / (c + 1) instead of E / (gamma c + 1)",
+)
+def _spec_draft_cost_per_pass():
+    with patched(speculative, "speedup", lambda alpha, gamma, c: speculative.expected_tokens(alpha, gamma) / (c + 1.0)):
+        yield
+
+
+@fault(
+    "spec-verify-one-position-at-a-time",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-VERIFY-COST",),
+    what="the verification pass feeds the proposed positions one at a time (a loop of single-position passes) instead of one pass over all of them",
+)
+def _spec_verify_one_position_at_a_time():
+    import torch
+
+    real = speculative._forward
+
+    def one_at_a_time(model, tokens, cache, keep):
+        return torch.cat([real(model, [t], cache, 1) for t in tokens])[-keep:]
+
+    with patched(speculative, "_forward", one_at_a_time):
+        yield
+
+
+@fault(
+    "spec-draft-dropped",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-REAL-SLOWDOWN",),
+    what="the speculative generator drops the draft it is given and silently decodes plainly",
+)
+def _spec_draft_dropped():
+    real = speculative.generate
+
+    def plain(target, prompt, new_tokens, draft=None, gamma=4, stop_at_eos=True):
+        return real(target, prompt, new_tokens, None, gamma, stop_at_eos)
+
+    with patched(speculative, "generate", plain):
+        yield
+
+
+@fault(
+    "dist-temperature-after-softmax",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-TEMPERATURE",),
+    what="the temperature divides the probabilities after the softmax instead of the logits before it",
+)
+def _dist_temperature_after_softmax():
+    import torch
+
+    with patched(distill, "distribution", lambda logits, temperature=1.0: torch.softmax(logits.double(), dim=-1) / temperature):
+        yield
+
+
+@fault(
+    "dist-hard-label",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-MILK",),
+    what="the teacher's label is its argmax token (one-hot), as when a distillation pipeline trains on the teacher's generated text instead of its distribution",
+)
+def _dist_hard_label():
+    import torch
+
+    def one_hot(logits, temperature=1.0):
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
+
+    with patched(distill, "distribution", one_hot):
+        yield
