@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from hypothesis import given, strategies as st  # noqa: E402
 
 from cheapinfer.runtime import accel, evidence, models, timing  # noqa: E402
-from cheapinfer.chapter import batching, kv, paging
+from cheapinfer.chapter import batching, kv, paging, knee, paged_scheduler, scheduler, workload
 from cheapinfer.harness.registry import NOISE_SIGMAS  # noqa: E402
 from fixtures.plugin import on_profiles  # noqa: E402
 
@@ -43,7 +43,7 @@ def _batch_sizes(claims: set[str], device: torch.device) -> list[int]:
     BAT-1-TO-16: 1, 2, 4, 8, 16. BAT-STATIC-CONT: 1..8 (the step costs of 1..8 occupied slots).
     BAT-KNEE and BAT-TRADEOFF: the powers of two up to 128 (256 on CUDA, where it is cheap), the rows of the
     chapter's table. Where the knee lies beyond them, BAT-KNEE's own search doubles on
-    (:func:`cheapinfer.chapter.batching.search_knee`): with AMX bf16 kernels one CPU thread still gained 1.31x at
+    (:func:`cheapinfer.chapter.knee.search_knee`): with AMX bf16 kernels one CPU thread still gained 1.31x at
     128 -> 256 and 1.07x at 256 -> 512. BAT-TRADEOFF compares every pair of what is measured here.
     """
     sizes = set(_powers(16))
@@ -94,13 +94,13 @@ def _curve_quantities(sizes: list[int], selected: tuple[str, ...]):
     """One set of step times (variant -> seconds) -> the clocked quantities the selected claims judge: BAT-1-TO-16's
     gains from 1 to 16, every doubling's gains (BAT-KNEE), and BAT-STATIC-CONT's seeded ratios (the schedules
     simulated with these step costs)."""
-    lengths = batching.skewed_lengths()
+    lengths = workload.skewed_lengths()
 
     def quantities(t) -> dict[str, float]:
         step = {b: t[_name(b)] for b in sizes}
-        out = {"throughput_gain": 16 * step[1] / step[16], "latency_gain": step[16] / step[1], **batching.doubling_quantities(step)}
+        out = {"throughput_gain": 16 * step[1] / step[16], "latency_gain": step[16] / step[1], **knee.doubling_quantities(step)}
         if "BAT-STATIC-CONT" in selected:
-            r = batching.compare(lengths, SLOTS, {k: step[k] for k in range(1, SLOTS + 1)})
+            r = workload.compare(lengths, SLOTS, {k: step[k] for k in range(1, SLOTS + 1)})
             out["seeded_throughput_ratio"], out["seeded_latency_ratio"] = r["throughput_ratio"], r["latency_ratio"]
         return out
 
@@ -142,7 +142,7 @@ def step_times(_curves, _copy_bandwidth, _curve_evidence, _curve_forwards, _sele
     claims of this module need are measured (all of them in a full run). The rounds go on, past ``ROUNDS``,
     while a noisy check of a selected claim cannot decide (``timed(quantities=..., claims=...)``): BAT-1-TO-16's
     gains, BAT-STATIC-CONT's seeded ratios, and for BAT-KNEE the doublings that keep its knee open
-    (:func:`cheapinfer.chapter.batching.knee_pending`). The device's copy bandwidth
+    (:func:`cheapinfer.chapter.knee.knee_pending`). The device's copy bandwidth
     (bytes/s) is timed in the same interleaved rounds, under the same load, into
     ``_copy_bandwidth[profile.name]``: the bound that decode efficiency is read against. Each timed step
     is then run once more under a trace, outside the clock, into ``_curve_evidence[profile.name]``: the
@@ -160,7 +160,7 @@ def step_times(_curves, _copy_bandwidth, _curve_evidence, _curve_forwards, _sele
             pending = None
             if "BAT-KNEE" in _selected:
                 before = _knee_before_bound()
-                pending = lambda found: batching.knee_pending(found, KNEE_GAIN, NOISE_SIGMAS, before)  # noqa: E731
+                pending = lambda found: knee.knee_pending(found, KNEE_GAIN, NOISE_SIGMAS, before)  # noqa: E731
             samples = timed({**steps, "copy": copy}, rounds=ROUNDS, warmup=1, quantities=_curve_quantities(sizes, _selected), claims=_selected, pending=pending,
                             forwards_of=model, uncounted=("copy",))
             _curve_forwards[profile.name] = evidence.timed_forwards(samples)
@@ -263,23 +263,23 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
     config, dtype_bytes = model.config, next(model.parameters()).element_size()
     weights = kv.parameter_bytes(model)
     available = accel.available_memory(device)
-    budget = batching.Budget(batching.KNEE_SEARCH_SECONDS, int(weights + batching.KNEE_SEARCH_MEMORY_FRACTION * available))
+    budget = knee.Budget(knee.KNEE_SEARCH_SECONDS, int(weights + knee.KNEE_SEARCH_MEMORY_FRACTION * available))
 
     def memory(small: int, large: int) -> int:
-        return batching.stage_bytes(config, weights, small, large, CONTEXT, dtype_bytes)
+        return knee.stage_bytes(config, weights, small, large, CONTEXT, dtype_bytes)
 
     def measure(small: int, large: int, extra_s: float):
         with timing.cpu_threads(_threads(device)):
-            return batching.measure_doubling(model, small, large, extra_s, CONTEXT, ROUNDS, 1, KNEE_GAIN, NOISE_SIGMAS, device)
+            return knee.measure_doubling(model, small, large, extra_s, CONTEXT, ROUNDS, 1, KNEE_GAIN, NOISE_SIGMAS, device)
 
     curve = step_times(twin)
-    search = batching.search_knee(curve, measure, budget, memory, ROUNDS, KNEE_GAIN, NOISE_SIGMAS)
+    search = knee.search_knee(curve, measure, budget, memory, ROUNDS, KNEE_GAIN, NOISE_SIGMAS)
     k = search.knee
-    complete = batching.search_complete(search, budget, memory, ROUNDS)
+    complete = knee.search_complete(search, budget, memory, ROUNDS)
     confirmed, fresh_evidence = None, []
     if k.batch is not None:  # "latency nearly doubles", measured again: the search's own rounds chose this doubling
         fresh, _, used_fresh = measure(k.batch, 2 * k.batch, max(budget.seconds - search.spent_s, 0.0))
-        confirmed, fresh_evidence = batching.request_latency_gain(fresh, k.batch), [used_fresh]
+        confirmed, fresh_evidence = knee.request_latency_gain(fresh, k.batch), [used_fresh]
     tg, lg = batching.gains(batching.curve(_medians(curve)), 16, 32)
     searched = {(s.small, s.large) for s in search.stages}
     claim.table(
@@ -293,7 +293,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
         f"Knee search: the batch curve up to {max(curve)}, then one doubling at a time while no knee is found and the next size fits: "
         f"its step predicted from the last two sizes (t(2b) = t(b) max(2, t(b) / t(b/2))), timed with the size before it for {ROUNDS} rounds "
         f"and a warm-up (more while within the noise, up to the time left), within {budget.seconds:.0f} s and "
-        f"{budget.memory_bytes / 1e9:.2f} GB (the {weights / 1e9:.2f} GB of weights and {batching.KNEE_SEARCH_MEMORY_FRACTION:.0%} of the "
+        f"{budget.memory_bytes / 1e9:.2f} GB (the {weights / 1e9:.2f} GB of weights and {knee.KNEE_SEARCH_MEMORY_FRACTION:.0%} of the "
         f"{available / 1e9:.2f} GB the device reported available). Searched up to batch {search.searched_up_to} in {search.spent_s:.1f} s; "
         f"stopped: {search.stopped}."
     )
@@ -317,7 +317,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
         knee_searched_seconds=round(search.spent_s, 1),
         knee_search_complete=complete,
         knee_skipped_doublings=k.skipped,
-        knee_rule_on_book_curve=batching.knee_on_book_curve(16, 1.09, threshold=KNEE_GAIN, sigmas=NOISE_SIGMAS),
+        knee_rule_on_book_curve=knee.knee_on_book_curve(16, 1.09, threshold=KNEE_GAIN, sigmas=NOISE_SIGMAS),
         knee_latency_gain=confirmed.value if confirmed else math.nan,
         knee_latency_gain_se=confirmed.se if confirmed else math.inf,
         knee_latency_gain_rounds=confirmed.rounds if confirmed else 0,
@@ -402,28 +402,28 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
 
 
 def _spread_row(cost: str, ratio: str, values: list[float], meeting: str) -> list[str]:
-    q = batching.Sensitivity.quantile
+    q = workload.Sensitivity.quantile
     return [cost, ratio, *(f"{x:.2f}" for x in (values[0], min(values), q(values, 0.05), q(values, 0.5), q(values, 0.95), max(values))), meeting]
 
 
 @pytest.mark.claim("BAT-STATIC-CONT")
 def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_in, step_times, device, _curve_evidence, _curve_forwards, _selected):
     """BAT-STATIC-CONT: "64 requests ... median 18 tokens, longest 231, 1,874 in total ... throughput improves 1.6x. Mean latency improves more than tenfold"."""
-    lengths = batching.skewed_lengths()
+    lengths = workload.skewed_lengths()
     curve = step_times(twin)
     twin_cost = {k: s for k, s in _medians(curve).items() if k <= SLOTS}
     found = _estimates(curve, _selected)
-    sens = batching.sensitivity(lengths, SLOTS, twin_cost, DRAWS)
-    q = batching.Sensitivity.quantile
+    sens = workload.sensitivity(lengths, SLOTS, twin_cost, DRAWS)
+    q = workload.Sensitivity.quantile
 
     # Validation: both policies for real on the stand-in, and the simulation fed with its step costs.
     scale = 1 if device.type == "cuda" else CPU_LENGTH_SCALE
-    short = batching.scaled(lengths, scale)
+    short = workload.scaled(lengths, scale)
     with timing.cpu_threads(_threads(device)):
-        v = batching.validate(stand_in.model, short, SLOTS)
+        v = scheduler.validate(stand_in.model, short, SLOTS)
     stand_cost = v.step_cost
 
-    s, c = batching.simulate("static", lengths, SLOTS, twin_cost), batching.simulate("continuous", lengths, SLOTS, twin_cost)
+    s, c = workload.simulate("static", lengths, SLOTS, twin_cost), workload.simulate("continuous", lengths, SLOTS, twin_cost)
     rs, rc = v.results["static"], v.results["continuous"]
     claim.table(
         "Static vs continuous batching (64 requests, 8 slots)",
@@ -458,7 +458,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     )
     used = evidence.combine(_curve_evidence[twin.name], *v.evidence.values())
     claim.note(f"the twin's timed steps, both real policies' steps and the probes, traced: {evidence.describe(used)}")
-    seeded, sorted_order = batching.compare(lengths, SLOTS, twin_cost), batching.compare(sorted(lengths), SLOTS, twin_cost)
+    seeded, sorted_order = workload.compare(lengths, SLOTS, twin_cost), workload.compare(sorted(lengths), SLOTS, twin_cost)
     claim.note(
         f"Queuing the requests shortest first gives {sorted_order['throughput_ratio']:.2f}x throughput and {sorted_order['latency_ratio']:.2f}x latency. "
         f"With static latency counted from arrival but continuous latency from admission (its wait in the queue left out) "
@@ -468,7 +468,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         "twin",
         **evidence.conditions(used),
         **_curve_forwards[twin.name],
-        **batching.length_stats(lengths),
+        **workload.length_stats(lengths),
         throughput_ratio=q(sens.throughput, 0.5),
         latency_ratio=q(sens.latency, 0.5),
         **timing.measured({q: found[q] for q in ("seeded_throughput_ratio", "seeded_latency_ratio")}),
@@ -521,9 +521,9 @@ PAGE_SHARED_PROMPT = (
 def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, stand_in, device):
     """PAGE-WASTE: "reserving its maximum possible context for every slot wastes most of the reservation" — fixed-size blocks with a block table do not."""
     scale = 1 if device.type == "cuda" else CPU_LENGTH_SCALE
-    lengths, max_new = batching.scaled(batching.skewed_lengths(), scale), PAGE_MAX_NEW // scale
+    lengths, max_new = workload.scaled(workload.skewed_lengths(), scale), PAGE_MAX_NEW // scale
     with timing.cpu_threads(_threads(device)):
-        r = batching.paged_waste(stand_in.model, lengths, SLOTS, PAGE_PROMPT, max_new, PAGE_BLOCK, compare=PAGE_COMPARE)
+        r = paged_scheduler.paged_waste(stand_in.model, lengths, SLOTS, PAGE_PROMPT, max_new, PAGE_BLOCK, compare=PAGE_COMPARE)
     w = r["waste"]
     kv_bytes = 2 * stand_in.config.num_hidden_layers * stand_in.config.num_key_value_heads * stand_in.config.head_dim * 4  # fp32, all layers
     claim.table(
@@ -567,7 +567,7 @@ def test_shared_prefix_shares_its_full_blocks(claim, stand_in, device):
     assert len(prefix) == 40, f"the shared prompt has only {len(prefix)} tokens under this tokenizer"
     questions = [tok(q)["input_ids"] for q in (" What is the capital of France?", " Name three prime numbers larger than ten, please.")]
     with timing.cpu_threads(_threads(device)):
-        r = batching.paged_prefix(stand_in.model, prefix, questions, new_tokens=8, block_size=PAGE_BLOCK)
+        r = paged_scheduler.paged_prefix(stand_in.model, prefix, questions, new_tokens=8, block_size=PAGE_BLOCK)
     _note_alone(claim, r["alone"])
     claim.table(
         f"Blocks after the first step of two requests behind a {len(prefix)}-token shared prompt ({PAGE_BLOCK}-token blocks, real run on the stand-in)",
@@ -600,8 +600,8 @@ def _note_alone(claim, alone) -> None:
 @given(seed=st.integers(0, 2**32 - 1), sigma=st.floats(0.3, 1.5))
 def test_skewed_lengths_have_exactly_the_books_statistics(seed, sigma):
     """The workload generator: median 18, one longest request of 231, total 1,874, for any seed and skew."""
-    lengths = batching.skewed_lengths(seed=seed, sigma=sigma)
-    assert batching.length_stats(lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
+    lengths = workload.skewed_lengths(seed=seed, sigma=sigma)
+    assert workload.length_stats(lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
     assert lengths.count(231) == 1 and min(lengths) >= 1
 
 
@@ -609,7 +609,7 @@ def test_skewed_lengths_have_exactly_the_books_statistics(seed, sigma):
 def test_simulated_continuous_batching_returns_every_request_no_later_than_static(lengths, slots):
     """Counted in steps (unit step cost), continuous batching admits each request no later than static does, so returns it no later."""
     cost = dict.fromkeys(range(1, slots + 1), 1.0)
-    s, c = batching.simulate("static", lengths, slots, cost), batching.simulate("continuous", lengths, slots, cost)
+    s, c = workload.simulate("static", lengths, slots, cost), workload.simulate("continuous", lengths, slots, cost)
     assert all(lc <= ls for lc, ls in zip(c.latency_s, s.latency_s))
     assert max(max(lengths), -(-sum(lengths) // slots)) <= c.steps <= s.steps
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cheapinfer.chapter import batching
+from cheapinfer.chapter import workload
 from cheapinfer.reference import engine
 from cheapinfer.__main__ import main
 
@@ -14,9 +14,9 @@ from cheapinfer.__main__ import main
 def test_workload_is_the_batching_workload_scaled():
     """The engine runs the suite's own workload: at scale 1 the book's statistics, at scale N the lengths / N rounded up."""
     full = engine.workload(1)
-    assert batching.length_stats(full.lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
+    assert workload.length_stats(full.lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
     w = engine.workload(8, prompt_len=3)
-    assert w.lengths == batching.scaled(batching.skewed_lengths(), 8)
+    assert w.lengths == workload.scaled(workload.skewed_lengths(), 8)
     assert len(w.prompts) == 64 and {len(p) for p in w.prompts} == {3}
     assert engine.workload(8, prompt_len=3).prompts == w.prompts  # seeded
 
@@ -28,13 +28,13 @@ def test_static_groups_cover_the_queue_in_order_and_pad_to_their_longest():
 
 
 def test_ratios_agree_with_the_simulations_own():
-    """``engine.ratios`` reads two policy results the way ``batching.compare`` does."""
-    lengths = batching.scaled(batching.skewed_lengths(), 8)
+    """``engine.ratios`` reads two policy results the way ``workload.compare`` does."""
+    lengths = workload.scaled(workload.skewed_lengths(), 8)
     cost = {k: 0.01 + 0.002 * k for k in range(1, 9)}
-    mine = engine.ratios(batching.simulate("static", lengths, 8, cost), batching.simulate("continuous", lengths, 8, cost))
-    theirs = batching.compare(lengths, 8, cost)
+    mine = engine.ratios(workload.simulate("static", lengths, 8, cost), workload.simulate("continuous", lengths, 8, cost))
+    theirs = workload.compare(lengths, 8, cost)
     for key in ("throughput_ratio", "latency_ratio", "service_latency_ratio", "static_steps", "continuous_steps"):
-        assert mine[key] == theirs[key]  # one definition (batching.ratios) on the same simulations: the same bits
+        assert mine[key] == theirs[key]  # one definition (workload.ratios) on the same simulations: the same bits
 
 
 def test_table_has_a_row_per_ratio_and_says_not_run_for_a_missing_column():

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from cheapinfer.chapter import batching
+from cheapinfer.chapter import batching, knee
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
-from cheapinfer.chapter.batching import Budget, Doubling, Plan
+from cheapinfer.chapter.knee import Budget, Doubling, Plan
 
 THRESHOLD, SIGMAS, ROUNDS = 1.25, 3.0, 5
 GB = 10**9
@@ -40,7 +40,7 @@ class FakeDevice:
 
 def _search(t, sizes, budget, memory=lambda small, large: 0, plan=None):
     dev = FakeDevice(t)
-    found = batching.search_knee(_rounds(t, sizes), dev.measure, budget, memory, ROUNDS, THRESHOLD, SIGMAS, plan=plan, clock=dev.clock)
+    found = knee.search_knee(_rounds(t, sizes), dev.measure, budget, memory, ROUNDS, THRESHOLD, SIGMAS, plan=plan, clock=dev.clock)
     return found, dev
 
 
@@ -57,7 +57,7 @@ def test_a_doubling_is_past_the_knee_only_beyond_three_standard_errors_of_its_la
 
 def test_doublings_read_the_gain_from_medians_and_its_noise_round_by_round():
     rounds = {1: [1.0, 1.0, 1.0], 2: [1.0, 1.1, 0.9]}
-    (d,) = batching.doublings(rounds)
+    (d,) = knee.doublings(rounds)
     assert (d.small, d.large, d.rounds) == (1, 2, 3)
     assert d.gain == pytest.approx(2.0) and d.latency_gain == pytest.approx(1.0)
     assert d.latency_se > 0 and d.gain_se > 0
@@ -67,37 +67,37 @@ def test_the_knee_is_the_first_decided_doubling_past_the_steepest_and_an_undecid
     def d(b, gain, latency_se=0.01):
         return Doubling(b, 2 * b, gain, 0.01, 2 / gain, latency_se, 5)
     flat_start = [d(1, 1.0), d(2, 1.9), d(4, 1.5), d(8, 1.1)]  # 1 -> 2 gains nothing (GEMV -> GEMM), not a knee
-    k = batching.knee_summary(flat_start, THRESHOLD, SIGMAS)
+    k = knee.knee_summary(flat_start, THRESHOLD, SIGMAS)
     assert (k.batch, k.gain_before, k.skipped, k.undecided) == (8, 1.9, 0, [])
     noisy = [d(1, 1.9), d(2, 1.22, latency_se=0.2), d(4, 1.1)]  # 2 -> 4 below by its median, within its noise
-    k = batching.knee_summary(noisy, THRESHOLD, SIGMAS)
+    k = knee.knee_summary(noisy, THRESHOLD, SIGMAS)
     assert (k.batch, k.undecided) == (4, [2])
     none = [d(1, 1.9), d(2, 1.8), d(4, 1.6)]
-    k = batching.knee_summary(none, THRESHOLD, SIGMAS)
+    k = knee.knee_summary(none, THRESHOLD, SIGMAS)
     assert k.batch is None and math.isnan(k.latency_gain) and k.skipped == 0
 
 
 def test_a_rule_that_returns_early_is_counted_against_the_definition(monkeypatch):
     def d(b, gain):
         return Doubling(b, 2 * b, gain, 0.01, 2 / gain, 0.01, 5)
-    monkeypatch.setattr(batching, "knee", lambda found, threshold, sigmas: None)
-    k = batching.knee_summary([d(1, 1.9), d(2, 1.5), d(4, 1.1), d(8, 1.05)], THRESHOLD, SIGMAS)
+    monkeypatch.setattr(knee, "knee", lambda found, threshold, sigmas: None)
+    k = knee.knee_summary([d(1, 1.9), d(2, 1.5), d(4, 1.1), d(8, 1.05)], THRESHOLD, SIGMAS)
     assert k.batch is None and k.skipped == 2
 
 
 def test_the_planner_predicts_the_next_step_from_the_last_two_and_stops_at_the_first_limit():
     memory = lambda small, large: large * GB  # noqa: E731
     roomy = Budget(seconds=100.0, memory_bytes=10**6 * GB)
-    p = batching.plan_next({64: 0.1, 128: 0.15}, 0.0, roomy, memory, ROUNDS)
+    p = knee.plan_next({64: 0.1, 128: 0.15}, 0.0, roomy, memory, ROUNDS)
     assert p.batch == 256 and p.predicted_step_s == pytest.approx(0.30)  # growth 1.5 < 2: the cost model's ceiling, 2x
     assert p.predicted_stage_s == pytest.approx(6 * (0.15 + 0.30) + 0.30)
-    p = batching.plan_next({64: 0.1, 128: 0.25}, 0.0, roomy, memory, ROUNDS)
+    p = knee.plan_next({64: 0.1, 128: 0.25}, 0.0, roomy, memory, ROUNDS)
     assert p.predicted_step_s == pytest.approx(0.625)  # growth 2.5 measured: carried forward
-    p = batching.plan_next({128: 0.15}, 0.0, roomy, memory, ROUNDS, setup_s=1.0)
+    p = knee.plan_next({128: 0.15}, 0.0, roomy, memory, ROUNDS, setup_s=1.0)
     assert p.predicted_stage_s == pytest.approx(6 * (0.15 + 0.30) + 0.30 + 2.0)
-    short = batching.plan_next({64: 0.1, 128: 0.15}, 98.0, roomy, memory, ROUNDS)
+    short = knee.plan_next({64: 0.1, 128: 0.15}, 98.0, roomy, memory, ROUNDS)
     assert short.batch is None and "about 3.0 s" in short.reason and "2.0 s left of the search's 100 s" in short.reason
-    tight = batching.plan_next({64: 0.1, 128: 0.15}, 0.0, Budget(100.0, 255 * GB), memory, ROUNDS)
+    tight = knee.plan_next({64: 0.1, 128: 0.15}, 0.0, Budget(100.0, 255 * GB), memory, ROUNDS)
     assert tight.batch is None and "batch 256 would need 256.00 GB" in tight.reason and tight.stage_bytes == 256 * GB
 
 
@@ -113,7 +113,7 @@ def test_the_search_doubles_on_past_the_curve_until_the_knee_is_found():
     assert [(s, l) for s, l, _ in dev.calls] == [(128, 256), (256, 512)]
     assert found.knee.batch == 256 and found.searched_up_to == 512
     assert [s.large for s in found.stages] == [256, 512] and found.spent_s == pytest.approx(dev.now)
-    assert batching.search_complete(found, Budget(1e6, GB), lambda s, l: 0, ROUNDS)
+    assert knee.search_complete(found, Budget(1e6, GB), lambda s, l: 0, ROUNDS)
 
 
 def test_a_search_that_runs_out_of_time_stops_where_the_budget_ends_and_says_so():
@@ -123,7 +123,7 @@ def test_a_search_that_runs_out_of_time_stops_where_the_budget_ends_and_says_so(
     assert found.knee.batch is None and dev.calls
     assert "left of the search's 60 s" in found.stopped and found.searched_up_to == dev.calls[-1][1]
     assert found.spent_s <= budget.seconds
-    assert batching.search_complete(found, budget, lambda s, l: 0, ROUNDS)  # stopped by the budget: complete, and inconclusive
+    assert knee.search_complete(found, budget, lambda s, l: 0, ROUNDS)  # stopped by the budget: complete, and inconclusive
 
 
 def test_a_search_that_runs_out_of_memory_stops_there():
@@ -138,14 +138,14 @@ def test_a_search_that_stops_with_budget_left_is_not_complete():
     stop = lambda steps, spent, budget, memory, rounds, warmup=1, setup_s=0.0: Plan(None, "stopped at a fixed size")  # noqa: E731
     found, dev = _search(t, [1, 2, 4, 8, 16, 32, 64, 128], budget, plan=stop)
     assert dev.calls == [] and found.knee.batch is None and found.stopped == "stopped at a fixed size"
-    assert not batching.search_complete(found, budget, lambda s, l: 0, ROUNDS)
+    assert not knee.search_complete(found, budget, lambda s, l: 0, ROUNDS)
 
 
 def test_the_extra_rounds_of_a_search_step_leave_room_for_the_next_size():
     t = _step(1.0, 0.004)
     found, dev = _search(t, [1, 2, 4, 8, 16, 32, 64, 128], Budget(100.0, GB))
     first = found.stages[0]
-    ahead = batching.plan_next({128: t(128), 256: first.plan.predicted_step_s}, first.plan.predicted_stage_s, Budget(100.0, GB),
+    ahead = knee.plan_next({128: t(128), 256: first.plan.predicted_step_s}, first.plan.predicted_stage_s, Budget(100.0, GB),
                                lambda s, l: 0, ROUNDS)
     assert ahead.batch == 512 and dev.calls[0][2] == pytest.approx(100.0 - first.plan.predicted_stage_s - ahead.predicted_stage_s)
     found, dev = _search(t, [1, 2, 4, 8, 16, 32, 64, 128], Budget(100.0, GB), memory=lambda small, large: 0 if large <= 256 else 2 * GB)
@@ -166,11 +166,11 @@ def test_a_batch_beyond_the_cache_tile_repeats_its_first_requests_caches(monkeyp
 def test_a_search_steps_memory_counts_weights_both_caches_and_the_larger_activations():
     config = qwen2_config(QWEN25_05B)
     per_token = 2 * 24 * 2 * 64 * 2  # bf16: 12,288 B
-    assert batching.cache_bytes(config, 1, 64, 2) == 65 * per_token
-    act = batching.activation_bytes(config, 1, 64, 2)
+    assert knee.cache_bytes(config, 1, 64, 2) == 65 * per_token
+    act = knee.activation_bytes(config, 1, 64, 2)
     assert act >= config.vocab_size * 2  # at least the logits of the row
-    assert batching.activation_bytes(config, 512, 64, 2) == 512 * act
-    assert batching.stage_bytes(config, 10**9, 256, 512, 64, 2) == 10**9 + 768 * 65 * per_token + 512 * act
+    assert knee.activation_bytes(config, 512, 64, 2) == 512 * act
+    assert knee.stage_bytes(config, 10**9, 256, 512, 64, 2) == 10**9 + 768 * 65 * per_token + 512 * act
 
 
 def test_the_search_runs_on_a_small_model_end_to_end():
@@ -179,6 +179,6 @@ def test_the_search_runs_on_a_small_model_end_to_end():
 
     small = models.twin("fp32", "cpu", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
                         head_dim=32, vocab_size=256).model
-    timed, setup, used = batching.measure_doubling(small, 2, 4, 0.0, context=8, rounds=3)
+    timed, setup, used = knee.measure_doubling(small, 2, 4, 0.0, context=8, rounds=3)
     assert set(timed) == {2, 4} and all(len(v) == 3 for v in timed.values()) and setup >= 0
     assert used["cache_grows_by_fed"] is True

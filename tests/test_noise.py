@@ -131,17 +131,17 @@ def test_a_pending_rule_adds_rounds_until_it_is_satisfied_and_extra_seconds_cap_
 
 def test_one_real_runs_noise_is_what_its_step_times_explain():
     """BAT-STATIC-CONT's real ratio and prediction error: standard errors propagated from the probes' spread (delta method)."""
-    from cheapinfer.chapter import batching
+    from cheapinfer.chapter import scheduler, workload
 
-    lengths, slots = batching.skewed_lengths(), 8
+    lengths, slots = workload.skewed_lengths(), 8
     cost = {k: 0.010 + 0.001 * k for k in range(1, slots + 1)}
 
-    def validation(spread: float) -> batching.Validation:
+    def validation(spread: float) -> scheduler.Validation:
         probes = {k: [c * (1 + spread * d) for d in (-1.0, -0.5, 0.0, 0.5, 1.0)] for k, c in cost.items()}
-        static = batching.PolicyResult("static", 2.0, 100, 100, [], [], step_s=[0.02] * 100)
-        continuous = batching.PolicyResult("continuous", 1.0, 100, 50, [], [], step_s=[0.02] * 50)
+        static = workload.PolicyResult("static", 2.0, 100, 100, [], [], step_s=[0.02] * 100)
+        continuous = workload.PolicyResult("continuous", 1.0, 100, 50, [], [], step_s=[0.02] * 50)
         real = {"throughput_ratio": 2.0}
-        return batching.Validation(batching.compare(lengths, slots, cost), real, {"static": static, "continuous": continuous},
+        return scheduler.Validation(workload.compare(lengths, slots, cost), real, {"static": static, "continuous": continuous},
                                    cost, {}, probes, list(lengths), slots)
 
     quiet, noisy, noisier = validation(0.0).noise(), validation(0.1).noise(), validation(0.2).noise()

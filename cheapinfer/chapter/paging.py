@@ -13,7 +13,7 @@ Batch rows are sequences of the pool, left-aligned, the shorter ones masked
 (:meth:`attention_mask`): a row holds only its own tokens, no padding.
 
 :func:`run_waste` reads the reservation waste of a real run (the continuous-batching scheduler on
-the paged cache, :func:`cheapinfer.chapter.batching.run_paged`) from the block tables it recorded.
+the paged cache, :func:`cheapinfer.chapter.paged_scheduler.run_paged`) from the block tables it recorded.
 """
 
 from __future__ import annotations

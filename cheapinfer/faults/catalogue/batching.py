@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...chapter import batching, paging
+from ...chapter import batching, paging, knee, paged_scheduler, scheduler, workload
 from ..core import DISABLED, RULE, STATISTIC, fault, patched
 from .common import misspelled_while, replaying_steps
 
@@ -46,7 +46,7 @@ def _batch_step_cache_dropped():
     what="the slot scheduler's step (static and continuous alike) hands the batch's cache over under a keyword the model swallows: each step decodes without the requests' histories",
 )
 def _scheduler_cache_dropped():
-    with patched(batching.SlotBatch, "step", misspelled_while(batching, batching.SlotBatch.step)):
+    with patched(scheduler.SlotBatch, "step", misspelled_while(batching, scheduler.SlotBatch.step)):
         yield
 
 
@@ -58,8 +58,8 @@ def _scheduler_cache_dropped():
     what="the scheduler on the paged cache hands the paged cache over under a keyword the model swallows, in its prefills and its decode steps: the block tables fill as scheduled, the model never reads them",
 )
 def _paged_scheduler_cache_dropped():
-    with patched(batching.PagedSlotBatch, "step", misspelled_while(batching, batching.PagedSlotBatch.step)), \
-            patched(batching.PagedSlotBatch, "admit", misspelled_while(batching, batching.PagedSlotBatch.admit)):
+    with patched(paged_scheduler.PagedSlotBatch, "step", misspelled_while(batching, paged_scheduler.PagedSlotBatch.step)), \
+            patched(paged_scheduler.PagedSlotBatch, "admit", misspelled_while(batching, paged_scheduler.PagedSlotBatch.admit)):
         yield
 
 
@@ -114,7 +114,7 @@ def _knee_first_doubling():
             return None
         return None
 
-    with patched(batching, "knee", first_only):
+    with patched(knee, "knee", first_only):
         yield
 
 
@@ -126,19 +126,19 @@ def _knee_first_doubling():
     what="the knee search looks no further than a fixed batch size, 16 (the book's own table), and stops there, although the device's memory and the search's time budget allow more",
 )
 def _knee_search_fixed_size():
-    real = batching.search_knee
+    real = knee.search_knee
     fixed = 16
 
     def stop_at_fixed(steps, spent_s, budget, memory, rounds, warmup=1, setup_s=0.0):
         if max(steps) >= fixed:
-            return batching.Plan(None, f"the search stops at batch {fixed}")
-        return batching.plan_next(steps, spent_s, budget, memory, rounds, warmup=warmup, setup_s=setup_s)
+            return knee.Plan(None, f"the search stops at batch {fixed}")
+        return knee.plan_next(steps, spent_s, budget, memory, rounds, warmup=warmup, setup_s=setup_s)
 
     def fixed_range(curve, measure, budget, memory, rounds, threshold=1.25, sigmas=3.0, warmup=1, plan=None, clock=None):
         kept = {b: v for b, v in curve.items() if b <= fixed}
         return real(kept, measure, budget, memory, rounds, threshold, sigmas, warmup, plan=stop_at_fixed, **({"clock": clock} if clock else {}))
 
-    with patched(batching, "search_knee", fixed_range):
+    with patched(knee, "search_knee", fixed_range):
         yield
 
 
@@ -150,13 +150,13 @@ def _knee_search_fixed_size():
     what="the static scheduler admits the next queued request into a freed slot at the next step, like a continuous one, instead of holding the slot as padding until the group's longest member is done",
 )
 def _static_refills_slots():
-    real = batching.simulate
+    real = workload.simulate
 
     def refilling(policy, lengths, slots, step_cost):
         result = real("continuous" if policy == "static" else policy, lengths, slots, step_cost)
         return dataclasses.replace(result, policy=policy)
 
-    with patched(batching, "simulate", refilling):
+    with patched(workload, "simulate", refilling):
         yield
 
 
