@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from cheapinfer.runtime import accel, hf, rounding, timing
-from cheapinfer.chapter import kv
+from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
 from cheapinfer.runtime.arch import QWEN25_05B, Arch, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
 from fixtures.plugin import on_profiles
@@ -43,7 +43,7 @@ def _tiny_model(arch: Arch, dtype=torch.float32):
 
 def _twin_on_meta(dtype=torch.float16, **overrides):
     """The twin's architecture on the meta device: every op runs with real shapes and dtypes, none with data."""
-    model = kv.meta_model(qwen2_config(QWEN25_05B, **overrides))
+    model = kv_macs.meta_model(qwen2_config(QWEN25_05B, **overrides))
     return model.to(dtype)
 
 
@@ -68,7 +68,7 @@ def test_cached_greedy_generation_equals_full_recomputation(claim, profile):
     claim.table("Cached vs recomputed greedy tokens (a difference only at a near-tie of the two paths' rounding)",
                 ["prompt", "P", "new tokens", "identical", "comparison"], rows)
     name, ids, _ = cases[0]
-    evidence = kv.generation_evidence(profile.model, ids, 4)
+    evidence = kv_evidence.generation_evidence(profile.model, ids, 4)
     claim.note(f"cache use traced on {name} over {evidence['decode_steps_traced']} decode steps: {_evidence_text(evidence)}")
     claim.verify(profile.name, identical=all_agree, **_cache_use(evidence))
 
@@ -78,7 +78,7 @@ def test_cached_greedy_generation_equals_full_recomputation(claim, profile):
 def test_chapter_listing_runs_on_installed_transformers(claim, profile):
     """KV-API: the listing calls "model(prompt_ids, use_cache=True)", reads "out.past_key_values", feeds it back with "past_key_values=past"."""
     ids = _prompts(profile)[0][1]
-    api = kv.listing_api(profile.model, ids, 8)
+    api = kv_listing.listing_api(profile.model, ids, 8)
     for key in ("error", "replacement_error"):
         if key in api:
             claim.note(f"{key.replace('_', ' ')}: {api[key]}")
@@ -214,7 +214,7 @@ def test_7b_cache_at_128k_tokens_exceeds_the_weights(claim):
     """KV-7B-CACHE: "32 layers, 8 key-value heads, dimension 128: 128 KB per token in fp16; weights 13,0 GB; at 128.000 tokens one user's cache is larger than the model"."""
     config = qwen2_config(QWEN25_05B, num_hidden_layers=32, num_key_value_heads=8, num_attention_heads=32, hidden_size=4096,
                           head_dim=128, intermediate_size=11_008)
-    model = kv.meta_model(config).to(torch.float16)
+    model = kv_macs.meta_model(config).to(torch.float16)
     with torch.inference_mode():
         cache = kv.returned_cache(model(torch.zeros((1, 1), dtype=torch.long, device="meta"), use_cache=True))
     per_token, formula = kv.dynamic_cache_bytes(cache), kv.kv_bytes_per_token(32, 8, 128, 2)
@@ -295,15 +295,15 @@ def _head_row_bound(head: kv.Head) -> torch.Tensor:
 def test_generation_macs_cubic_uncached_quadratic_cached(claim):
     """KV-MACS: "per stap lineair ... kwadratisch; opgeteld $O(T^2)$ tegenover $O(T^3)$, waarbij de verhouding onbeperkt groeit"."""
     tiny = _tiny_arch()
-    counted = kv.counted_degrees(_twin_on_meta(torch.float32), QWEN25_05B, _tiny_model(tiny), tiny)
+    counted = kv_macs.counted_degrees(_twin_on_meta(torch.float32), QWEN25_05B, _tiny_model(tiny), tiny)
     claim.table(f"MACs counted op by op vs the closed form: one step at t tokens (Qwen2.5-0.5B architecture, meta device); whole "
                 f"generations of T tokens (small Qwen2: {tiny.layers} layers, {tiny.heads} heads, {tiny.kv_heads} KV heads)",
                 ["path", "unit", "t or T", "counted", "closed form"], [[*r[:3], f"{r[3]:,}", f"{r[4]:,}"] for r in counted["rows"]])
     rows = []
     for T in (16, 64, 256, 1024, 4096):
-        c, u = kv.macs_generate(QWEN25_05B, T, True), kv.macs_generate(QWEN25_05B, T, False)
+        c, u = kv_macs.macs_generate(QWEN25_05B, T, True), kv_macs.macs_generate(QWEN25_05B, T, False)
         rows.append([T, f"{c:.4g}", f"{u:.4g}", f"{u / c:,.1f}"])
-    claim.note(f"W = {kv.weight_macs_per_token():,} weight MACs per token; A = {kv.attention_macs_per_pair():,} attention MACs per query-key pair")
+    claim.note(f"W = {kv_macs.weight_macs_per_token():,} weight MACs per token; A = {kv_macs.attention_macs_per_pair():,} attention MACs per query-key pair")
     claim.table("MACs to generate T tokens from a cold start (Qwen2.5-0.5B, closed form)", ["T", "cached", "uncached", "uncached / cached"], rows)
     claim.verify("arithmetic", **{k: counted[k] for k in ("cached_total_degree", "uncached_total_degree", "cached_step_degree",
                                                           "uncached_step_degree", "closed_form_matches_count")})
@@ -323,7 +323,7 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
         ids = _random_ids(prompt, device)
         uncached = kv.peak_above_resident(lambda: kv.greedy_uncached(model, ids, total - prompt), device)
         cached = kv.peak_above_resident(lambda: kv.greedy_cached(model, ids, total - prompt), device)
-        evidence = kv.generation_evidence(model, ids, 3)
+        evidence = kv_evidence.generation_evidence(model, ids, 3)
         how = f"fp16 twin on {device}: whole generations ({prompt}-token prompt to {total} tokens), torch.cuda.max_memory_allocated minus memory_allocated before"
     else:
         # fp16 matmuls on a CPU are ~15x slower than fp32; bytes scale alike, so the ratio is taken in fp32.
@@ -337,7 +337,7 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
             prefill_peak = kv.peak_above_resident(lambda: kv.greedy_cached(model, ids[:, :prompt], 1), device)
             cache = kv.random_cache(model.config, total - 1, torch.float32, device)
             step_peak = kv.peak_above_resident(kv.decode_step(model, cache, total - 1), device)
-            evidence = kv.decode_step_evidence(model, cache, total - 1)
+            evidence = kv_evidence.decode_step_evidence(model, cache, total - 1)
         cached = max(prefill_peak, kv.dynamic_cache_bytes(cache) + step_peak)
         how = ("fp32 twin on cpu: live tensor bytes (LivePeak) at each generation's largest step: uncached = the step that yields "
                f"token {total}; cached = max(prefill of {prompt}, {total - 1}-token cache + one step)")
@@ -373,7 +373,7 @@ def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
     claim.table(f"Generating T tokens from a {ids.shape[1]}-token prompt ({profile.name}, median of "
                 f"{len(samples['cached'].seconds)} interleaved rounds)", ["T", "uncached s", "cached s", "speedup"],
                 [[k, f"{at[k]['uncached']:.3f}", f"{at[k]['cached']:.3f}", f"{at[k]['uncached'] / at[k]['cached']:.2f}"] for k in marks])
-    evidence = kv.generation_evidence(profile.model, ids, 4)
+    evidence = kv_evidence.generation_evidence(profile.model, ids, 4)
     claim.note(f"the cached generation, traced over 4 tokens: {_evidence_text(evidence)}")
     claim.note(describe_timed(samples, f"generation of {new} tokens"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, kv.speedup_quantities)), rounds=len(samples["cached"].seconds),
@@ -428,7 +428,7 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
     ids = _random_ids(P, profile.device)
     with torch.inference_mode():
         cache = kv.returned_cache(profile.model(ids, use_cache=True))
-    evidence = kv.decode_step_evidence(profile.model, cache, P)
+    evidence = kv_evidence.decode_step_evidence(profile.model, cache, P)
     claim.note(f"the timed decode step, traced once: {_evidence_text(evidence)}")
 
     def quantities(t):  # one set of times -> the claim's clocked quantities (the absolute times are reported, never asserted)
@@ -453,7 +453,7 @@ def test_decode_step_is_flat_in_context(claim, twin, timed):
     """KV-DECODE-FLAT: "one decode step at context 16 vs 1,024 (64x history) costs nothing measurable more"."""
     contexts = (16, 128, 512, 1024)
     caches = {C: kv.random_cache(twin.config, C, twin.dtype, twin.device) for C in contexts}
-    traced = [kv.decode_step_evidence(twin.model, caches[C], C) for C in (contexts[0], contexts[-1])]
+    traced = [kv_evidence.decode_step_evidence(twin.model, caches[C], C) for C in (contexts[0], contexts[-1])]
     evidence = {"cache_grows_by_one": all(e["cache_grows_by_one"] for e in traced),
                 "logit_change_vs_no_context": min(e["logit_change_vs_no_context"] for e in traced)}
     claim.note(f"the timed steps at C = {contexts[0]} and {contexts[-1]}, traced once: {_evidence_text(evidence)}")
@@ -475,7 +475,7 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
     """KV-DECODE-MEMBOUND: a decode step is dominated by "dragging half a billion weights through the memory bus"."""
     C = 16
     cache = kv.random_cache(twin.config, C, twin.dtype, twin.device)
-    evidence = kv.decode_step_evidence(twin.model, cache, C)
+    evidence = kv_evidence.decode_step_evidence(twin.model, cache, C)
     claim.note(f"the timed step, traced once: {_evidence_text(evidence)}")
     step = kv.decode_step(twin.model, cache, C)
     copy, copy_bytes = accel.copy_callable(accel.COPY_BYTES, twin.device)

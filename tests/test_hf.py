@@ -11,7 +11,7 @@ from cheapinfer.runtime import hf
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_KEYWORDS = set(hf.CACHE_NAMES)
 #: Functions that run the chapter's listing exactly as printed (``past_key_values=``): KV-API measures that spelling.
-LISTING = {("cheapinfer/chapter/kv.py", "listing_continuation"), ("cheapinfer/chapter/kv.py", "listing_api")}
+LISTING = {("cheapinfer/chapter/kv_listing.py", "listing_continuation"), ("cheapinfer/chapter/kv_listing.py", "listing_api")}
 
 
 def _sources() -> list[Path]:

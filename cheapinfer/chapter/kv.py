@@ -1,29 +1,27 @@
-"""Section 1, the KV cache: bytes, multiply-accumulates, and what a cache costs and saves.
+"""Section 1, the KV cache: bytes, greedy generation with and without the cache, and what a cache costs and saves.
 
 Arithmetic here is exact integer arithmetic; measurements (timings, allocator peaks, cache
 tensors) use a real transformers model, usually the twin. Shapes follow transformers:
-``[B, H, S, D]`` = batch, heads, sequence, head dim.
+``[B, H, S, D]`` = batch, heads, sequence, head dim. The multiply-accumulates are
+:mod:`cheapinfer.chapter.kv_macs`, the chapter's listing run verbatim :mod:`cheapinfer.chapter.kv_listing`,
+and the evidence that a cached loop used its cache :mod:`cheapinfer.chapter.kv_evidence`.
 
 Usable without pytest, e.g.::
 
     import torch
-    from cheapinfer.chapter import kv
+    from cheapinfer.chapter import kv, kv_macs
     from cheapinfer.runtime import models
     from cheapinfer.runtime.arch import QWEN25_05B
     twin = models.twin("fp32")
     ids = torch.randint(0, 32_000, (1, 8))
-    kv.greedy_cached(twin.model, ids, 16)             # prefill, then one token per step
-    kv.macs_generate(QWEN25_05B, 48, cached=False)    # closed form, exact
+    kv.greedy_cached(twin.model, ids, 16)                 # prefill, then one token per step
+    kv_macs.macs_generate(QWEN25_05B, 48, cached=False)   # closed form, exact
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
-import re
 import time
-import warnings
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -32,7 +30,6 @@ from ..runtime import hf
 from ..runtime.arch import QWEN25_05B, Arch
 from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
 from ..runtime.timing import Marks, mark_name
-from ..runtime.evidence import alone_logits, relative_change
 
 GIB = 2**30
 
@@ -73,119 +70,6 @@ def dynamic_cache_tensors(cache) -> list[torch.Tensor]:
 
 def dynamic_cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for t in dynamic_cache_tensors(cache))
-
-
-# ------------------------------------------------------------------------------------------------
-# multiply-accumulates
-# ------------------------------------------------------------------------------------------------
-# Counted: the multiply-accumulates of matrix products (the seven projections of every layer, the
-# attention scores Q K^T and the weighted sum P V of every head, the LM head). Elementwise work
-# (norms, RoPE, softmax, SiLU, bias adds) is lower order and not counted, by the closed form or by
-# the counter. Cold start: a one-token prompt; step t (t = 1..T) sees t tokens of context and
-# emits one token. The uncached step is a plain forward over all t tokens with logits for every
-# position, as the chapter's naive loop does; eager attention computes the full t x t scores.
-
-
-def weight_macs_per_token(arch: Arch = QWEN25_05B) -> int:
-    """W: every projection of every layer, plus the LM head (vocab x hidden)."""
-    per_layer = sum(o * i for o, i in arch.projection_shapes().values())
-    return arch.layers * per_layer + arch.vocab * arch.hidden
-
-
-def attention_macs_per_pair(arch: Arch = QWEN25_05B) -> int:
-    """A: one query attending to one key, every head of every layer: Q.K and the V-weighted sum."""
-    return 2 * arch.layers * arch.heads * arch.head_dim
-
-
-def macs_step(arch: Arch, t: int, cached: bool) -> int:
-    """Step t of generation. Cached: one new token over t keys, W + A t. Uncached: t tokens, t W + A t^2."""
-    w, a = weight_macs_per_token(arch), attention_macs_per_pair(arch)
-    return w + a * t if cached else t * w + a * t * t
-
-
-def macs_generate(arch: Arch, tokens: int, cached: bool) -> int:
-    """Total for T tokens from a cold start. Cached: T W + A T(T+1)/2 = O(T^2); uncached:
-    W T(T+1)/2 + A T(T+1)(2T+1)/6 = O(T^3)."""
-    w, a, n = weight_macs_per_token(arch), attention_macs_per_pair(arch), tokens
-    if cached:
-        return n * w + a * n * (n + 1) // 2
-    return w * n * (n + 1) // 2 + a * n * (n + 1) * (2 * n + 1) // 6
-
-
-def meta_model(config):
-    """A transformers causal LM on the meta device: real shapes and ops, no memory, no arithmetic (:func:`hf.meta_model`)."""
-    return hf.meta_model(config)
-
-
-def counted_macs(fn: Callable[[], object]) -> int:
-    """Multiply-accumulates of every matrix product ``fn`` dispatches, counted op by op (FLOPs / 2)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter, torch.inference_mode():
-        fn()
-    return counter.get_total_flops() // 2
-
-
-def counted_step_macs(model, t: int, cached: bool) -> int:
-    """Run step t for real (on ``model``'s device, meta works) and count its multiply-accumulates."""
-    dev = next(model.parameters()).device
-    if not cached:  # a fresh, discarded cache: writing it is no matrix product, and on meta it skips a data-dependent mask check
-        return counted_macs(lambda: model(torch.zeros((1, t), dtype=torch.long, device=dev), use_cache=True))
-    with torch.inference_mode():
-        past = returned_cache(model(torch.zeros((1, t - 1), dtype=torch.long, device=dev), use_cache=True)) if t > 1 else None
-    one = torch.zeros((1, 1), dtype=torch.long, device=dev)
-    return counted_macs(lambda: hf.forward(model, one, cache=past, use_cache=True))
-
-
-def counted_generate_macs(model, tokens: int, cached: bool) -> int:
-    """Walk a whole cold-start generation of ``tokens`` steps and count every step's multiply-accumulates."""
-    dev = next(model.parameters()).device
-
-    def run():
-        ids = torch.zeros((1, 1), dtype=torch.long, device=dev)
-        past = None
-        for t in range(1, tokens + 1):
-            if cached:
-                out = hf.forward(model, ids[:, -1:] if past is not None else ids, cache=past, use_cache=True)
-                past = returned_cache(out)
-            else:  # a fresh cache each step, discarded: the plain forward over all t tokens
-                model(ids, use_cache=True)
-            ids = torch.zeros((1, t + 1), dtype=torch.long, device=dev)
-
-    return counted_macs(run)
-
-
-def polynomial_degree(values: list[int]) -> int:
-    """Exact degree of the polynomial through integer ``values`` at equally spaced points: the order of
-    the last finite difference that is not all zero (-1 for all zeros). Needs degree + 2 points to
-    tell; with too few points it returns len(values) - 1 (the most they can show)."""
-    diffs, degree = list(values), -1
-    for order in range(len(values)):
-        if any(diffs):
-            degree = order
-        diffs = [b - a for a, b in zip(diffs, diffs[1:])]
-    return degree
-
-
-def counted_degrees(model, arch: Arch, tiny_model, tiny_arch: Arch, steps_at: tuple[int, ...] = (8, 16, 24, 32, 40), totals_at: tuple[int, ...] = (1, 2, 3, 4, 5, 6)) -> dict[str, object]:
-    """Degrees in t and T of counted MACs: one step at ``steps_at`` tokens on ``model`` of architecture
-    ``arch`` (meta works), whole cold-start generations of ``totals_at`` tokens walked on ``tiny_model``;
-    each count beside the closed form (:func:`macs_step`, :func:`macs_generate`)."""
-    out: dict[str, object] = {"rows": []}
-    matches = True
-    for cached in (True, False):
-        kind = "cached" if cached else "uncached"
-        steps = [counted_step_macs(model, t, cached) for t in steps_at]
-        totals = [counted_generate_macs(tiny_model, n, cached) for n in totals_at]
-        closed_steps = [macs_step(arch, t, cached) for t in steps_at]
-        closed_totals = [macs_generate(tiny_arch, n, cached) for n in totals_at]
-        matches &= steps == closed_steps and totals == closed_totals
-        out[f"{kind}_step_degree"] = polynomial_degree(steps)
-        out[f"{kind}_total_degree"] = polynomial_degree(totals)
-        out["rows"] += [[kind, "step", t, c, f] for t, c, f in zip(steps_at, steps, closed_steps)]
-        out["rows"] += [[kind, "generation", n, c, f] for n, c, f in zip(totals_at, totals, closed_totals)]
-    out["closed_form_matches_count"] = matches
-    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -243,126 +127,6 @@ def greedy_uncached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable
         if on_step:
             on_step(k)
     return seq[:, ids.shape[1]:]
-
-
-@torch.inference_mode()
-def listing_continuation(model, ids: torch.Tensor, new_tokens: int, argument: str = "past_key_values",
-                         attribute: str = "past_key_values") -> torch.Tensor:
-    """The chapter's listing, spelled as the chapter spells it (or with the cache's ``argument`` and
-    output ``attribute`` respelled)::
-
-        out = model(prompt_ids, use_cache=True)
-        past = out.past_key_values
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(n - 1):
-            out = model(nxt, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-    """
-    out = model(ids, use_cache=True)
-    past = getattr(out, attribute)
-    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-    tokens = [nxt]
-    for _ in range(new_tokens - 1):
-        out = model(nxt, **{argument: past}, use_cache=True)
-        past = getattr(out, attribute)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens.append(nxt)
-    return torch.cat(tokens, dim=1)
-
-
-@contextlib.contextmanager
-def transformers_log(records: list[str]):
-    """Collect what transformers logs at WARNING while the block runs (its deprecations go through
-    ``logger.warning_once``, not the warnings module; the once-cache is cleared so they show again)."""
-    from transformers.utils import logging as hf_logging
-
-    root = hf_logging.get_logger("transformers")
-    once = getattr(logging.Logger, "warning_once", None)
-    if once is not None and hasattr(once, "cache_clear"):
-        once.cache_clear()
-
-    class _Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage().splitlines()[0])
-
-    handler = _Keep(logging.WARNING)
-    root.addHandler(handler)
-    try:
-        yield records
-    finally:
-        root.removeHandler(handler)
-
-
-_REPLACEMENT = re.compile(r"[Uu]se `(\w+)` instead")
-
-
-@contextlib.contextmanager
-def deprecations(records: list[str]):
-    """Collect the deprecation messages met in the block: transformers' logged ones (``logger.warning_once``)
-    and Python's DeprecationWarning / FutureWarning."""
-    logged: list[str] = []
-    with transformers_log(logged), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield records
-    kinds = (DeprecationWarning, FutureWarning, PendingDeprecationWarning)
-    records += [m for m in logged if "deprecat" in m.lower()]
-    records += [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught if issubclass(w.category, kinds)]
-
-
-def _current_name(old: str, messages: list[str]) -> str:
-    """``old`` when no message deprecates it, else the name the message says to use instead."""
-    hits = [m for m in messages if old in m]
-    if not hits:
-        return old
-    named = [m.group(1) for h in hits for m in [_REPLACEMENT.search(h)] if m]
-    return named[0] if named else f"{old} (deprecated, no replacement named)"
-
-
-def _continues(model, ids: torch.Tensor, reference: torch.Tensor, got: torch.Tensor) -> bool:
-    """``got`` continues ``ids`` as full recomputation (``reference``) does: token for token, up to a near-tie
-    of the two paths' rounding (:func:`cheapinfer.runtime.rounding.compare_greedy`)."""
-    from ..runtime.rounding import compare_greedy
-
-    return compare_greedy(model, ids[0], reference[0], got[0]).agree
-
-
-@torch.inference_mode()
-def listing_api(model, ids: torch.Tensor, new_tokens: int) -> dict[str, object]:
-    """The chapter's listing on the installed transformers: does it run and continue the sequence exactly,
-    and under which names does this transformers take and return the cache without a deprecation?
-
-    Each spelling is tried on its own, so each deprecation is attributed to the name that raised it.
-    The replacement (the names the messages point to) is then run as the listing and must continue
-    the sequence exactly, without a deprecation message.
-    """
-    reference = greedy_uncached(model, ids, new_tokens)
-    out: dict[str, object] = {"messages": []}
-    try:
-        with deprecations(out["messages"]):
-            listing = listing_continuation(model, ids, new_tokens)
-        out["runs"] = _continues(model, ids, reference, listing)
-    except (TypeError, AttributeError, ValueError, KeyError) as exc:
-        out["runs"], out["error"] = False, f"{type(exc).__name__}: {exc}"
-    first = model(ids, use_cache=True)
-    attribute_msgs: list[str] = []
-    with deprecations(attribute_msgs):
-        getattr(first, "past_key_values", None)
-    argument_msgs: list[str] = []
-    nxt = first.logits[:, -1:].argmax(-1)
-    with deprecations(argument_msgs):
-        model(nxt, past_key_values=hf.output_cache(first), use_cache=True)  # the listing's spelling, on purpose
-    out["cache_attribute"] = _current_name("past_key_values", attribute_msgs)
-    out["cache_argument"] = _current_name("past_key_values", argument_msgs)
-    replacement_msgs: list[str] = []
-    try:
-        with deprecations(replacement_msgs):
-            respelled = listing_continuation(model, ids, new_tokens, argument=out["cache_argument"], attribute=out["cache_attribute"])
-        out["replacement_runs"] = _continues(model, ids, reference, respelled) and not replacement_msgs
-    except (TypeError, AttributeError, ValueError, KeyError) as exc:
-        out["replacement_runs"], out["replacement_error"] = False, f"{type(exc).__name__}: {exc}"
-    out["messages"] = sorted(set(out["messages"] + attribute_msgs + argument_msgs + replacement_msgs))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -480,52 +244,6 @@ def prefill_growth(seconds: Sequence[float]) -> dict[str, float]:
     if len(seconds) < 2:
         raise ValueError("prefill_growth needs times at two prompt lengths or more")
     return {"growth": seconds[-1] / seconds[0], "worst_drop": max(1 - b / a for a, b in zip(seconds, seconds[1:]))}
-
-
-# ------------------------------------------------------------------------------------------------
-# evidence that a step which claims to use the cache did
-# ------------------------------------------------------------------------------------------------
-# A decode step that silently drops its cache still runs, and runs fast: timing alone cannot tell.
-# These read the model's forwards from outside the code under test (forward hooks), so they see what
-# was actually fed: how many tokens, how long the cache handed in was, how long the cache handed
-# back is, and the logits, which are compared with a cache-less forward of the same token alone.
-
-
-@torch.inference_mode()
-def cache_evidence(model, decode: list[dict], context: int) -> dict[str, object]:
-    """What the traced decode forwards show about the cache, starting from ``context`` cached tokens.
-
-    ``cache_grows_by_one``: every decode forward was fed one token against a non-empty cache of the
-    length the previous step left, and handed back that cache one token longer.
-    ``logit_change_vs_no_context``: the smallest, over the steps, of max|logits - logits alone| /
-    max|logits alone|, where "alone" is a cache-less forward of the step's token by itself. A step
-    that ignores its cache computes exactly the "alone" forward: 0.
-    """
-    grows, expected, gaps = bool(decode), context, []
-    for rec in decode:
-        grows &= rec["tokens_in"] == 1 and rec["cache_in"] == expected and expected > 0 and rec["cache_out"] == expected + 1
-        expected = rec["cache_out"]
-        if "logits" in rec:
-            gaps.append(float(relative_change(rec["logits"], alone_logits(model, rec["ids"])).max()))
-    return {"cache_grows_by_one": grows, "logit_change_vs_no_context": min(gaps) if gaps else float("nan"), "decode_steps_traced": len(decode)}
-
-
-def generation_evidence(model, ids: torch.Tensor, new_tokens: int, generate: Callable | None = None) -> dict[str, object]:
-    """Run ``generate`` (default :func:`greedy_cached`, looked up at call time) for ``new_tokens`` under a
-    trace; the prefill is the first forward, every later one a decode step (:func:`cache_evidence`)."""
-    generate = generate or greedy_cached
-    with hf.ForwardTrace(model, keep_logits=new_tokens) as trace:
-        generate(model, ids, new_tokens)
-    first = trace.forwards[0] if trace.forwards else {"cache_out": 0}
-    return cache_evidence(model, trace.forwards[1:], first["cache_out"])
-
-
-def decode_step_evidence(model, cache, context: int) -> dict[str, object]:
-    """Run :func:`decode_step` once under a trace (the same step the timings repeat)."""
-    step = decode_step(model, cache, context)
-    with hf.ForwardTrace(model) as trace:
-        step()
-    return cache_evidence(model, trace.forwards, context)
 
 
 def prefill(model, ids: torch.Tensor) -> Callable[[], object]:

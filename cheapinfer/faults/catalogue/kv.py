@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...chapter import asides, kv
+from ...chapter import asides, kv, kv_macs
 from ...runtime import hf
 from ..core import CONSTANT, DISABLED, RULE, fault, patched
 from .common import replaying_steps
@@ -173,7 +173,7 @@ def _kv_macs_attention_kv_heads():
     def wrong(arch=kv.QWEN25_05B):
         return 2 * arch.layers * arch.kv_heads * arch.head_dim
 
-    with patched(kv, "attention_macs_per_pair", wrong):
+    with patched(kv_macs, "attention_macs_per_pair", wrong):
         yield
 
 
