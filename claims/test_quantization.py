@@ -7,7 +7,7 @@ from hypothesis import example, given, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from cheapinfer.runtime import evidence, rounding, timing
-from cheapinfer.chapter import formats, lowbit, quant
+from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
 from cheapinfer.runtime.arch import QWEN25_05B
 from fixtures.plugin import on_profiles
@@ -29,9 +29,9 @@ def test_half_a_billion_parameters_are_198_099_049_gb(claim):
         "arithmetic",
         parameters=n,
         parameters_billion=n / 1e9,
-        gb_fp32=round(quant.decimal_gb(n, 4), 2),
-        gb_16bit=round(quant.decimal_gb(n, 2), 2),
-        gb_8bit=round(quant.decimal_gb(n, 1), 2),
+        gb_fp32=round(quant_error.decimal_gb(n, 4), 2),
+        gb_16bit=round(quant_error.decimal_gb(n, 2), 2),
+        gb_8bit=round(quant_error.decimal_gb(n, 1), 2),
     )
 
 
@@ -222,7 +222,7 @@ def test_int4_per_tensor_collapses_to_099_on_the_worst_matrix(claim, profile, er
         ["scheme", "mean", "worst", "worst matrix"],
         [[r.scheme, f"{r.mean:.4f}", f"{r.worst:.4f}", r.worst_matrix] for r in rows.values()],
     )
-    claim.figure("q-error-by-scheme" if profile.name == "stand-in" else f"q-error-by-scheme-{profile.name}", quant.error_figure(list(rows.values()), f"Quantization error per scheme ({profile.name})"))
+    claim.figure("q-error-by-scheme" if profile.name == "stand-in" else f"q-error-by-scheme-{profile.name}", quant_error.error_figure(list(rows.values()), f"Quantization error per scheme ({profile.name})"))
     measured = {f"{s.replace('-', '_')}_{k}": getattr(r, k) for s, r in rows.items() for k in ("mean", "worst")}
     # the other rounding rule (gguf's, halves away from zero) on the same scales: reported
     measured.update({f"{s.replace('-', '_')}_mean_half_away": r.mean_half_away for s, r in rows.items() if r.mean_half_away is not None})
@@ -230,7 +230,7 @@ def test_int4_per_tensor_collapses_to_099_on_the_worst_matrix(claim, profile, er
     measured["weights_per_scheme"] = sum(w.numel() for w in quant.projection_weights(profile.model).values())
     if profile.name == "stand-in":
         weights = quant.projection_weights(profile.model)
-        measured["int4_g32_mean"] = sum(quant.relative_error(w, "int4-g32") for w in weights.values()) / len(weights)
+        measured["int4_g32_mean"] = sum(quant_error.relative_error(w, "int4-g32") for w in weights.values()) / len(weights)
         claim.note(STAND_IN_NOTE.format(g32=measured["int4_g32_mean"]))
     claim.verify(profile.name, **measured, matrices=len(rows["reference"].errors), quantize_all_schemes_s=seconds)
 
@@ -266,8 +266,8 @@ def test_int4_per_tensor_leaves_ordinary_weights_two_or_three_levels(claim, prof
     worst = rows["int4-tensor"].worst_matrix
     claim.verify(
         profile.name,
-        levels=quant.central_levels(weights[example]),
-        levels_worst=quant.central_levels(weights[worst]),
+        levels=quant_error.central_levels(weights[example]),
+        levels_worst=quant_error.central_levels(weights[worst]),
         example_matrix=example,
         worst_matrix=worst,
     )
@@ -279,12 +279,12 @@ def test_one_down_proj_has_a_24_sigma_weight(claim, profile, request):
     """Q-DOWNPROJ-STATS: "mean |w| 0.01386 std 0.01822 max |w| 0.43945 max/std 24.1; 692 of 4,358,144 beyond 6 sigma"."""
     if profile is None:  # the book against itself: each printed number recomputed from the others it follows from
         b = registry.get("Q-DOWNPROJ-STATS").book
-        tail = quant.tail_summary(b["max_abs"], b["std"], b["beyond_6sigma"], b["numel"])  # the measurement's own arithmetic
+        tail = quant_error.tail_summary(b["max_abs"], b["std"], b["beyond_6sigma"], b["numel"])  # the measurement's own arithmetic
         claim.verify(request.node.callspec.params["profile"], numel=b["shape"][0] * b["shape"][1], numel_millions=b["numel"] / 1e6, **tail,
                      sigmas_largest=tail["max_over_std"], sigmas_largest_beyond_six=tail["max_over_std"])
         return
     w = quant.projection_weights(profile.model)[BOOK_DOWN_PROJ]
-    stats = quant.matrix_stats(w)
+    stats = quant_error.matrix_stats(w)
     claim.table(
         f"{BOOK_DOWN_PROJ} ({' x '.join(map(str, w.shape))}, {profile.name})",
         ["mean |w|", "std", "max |w|", "max/std", "beyond 6 sigma"],
@@ -304,7 +304,7 @@ def test_one_down_proj_has_a_24_sigma_weight(claim, profile, request):
 @pytest.mark.claim("Q-BITS-G128")
 def test_group_128_costs_4_125_bits_per_weight(claim):
     """Q-BITS-G128: "a 16-bit scale per group of 128 is 4 + 16/128 = 4.125 bits per weight"."""
-    nbytes, weights = quant.stored_bits(QWEN25_05B.projection_shapes(), "int4-g128", count=QWEN25_05B.layers)
+    nbytes, weights = quant_error.stored_bits(QWEN25_05B.projection_shapes(), "int4-g128", count=QWEN25_05B.layers)
     claim.verify("arithmetic", bits_per_weight=8 * nbytes / weights, stored_bytes=nbytes, weights=weights)
 
 
@@ -315,7 +315,7 @@ def test_nf4_costs_4_25_bits_and_lowers_the_error_28_percent(claim, profile, req
     tegenover 4,125 bij group-128 -- en de gemeten fout daalt van 0,1323 naar 0,0952, 28 % lager"."""
     if profile is None:  # the bits as the chapter counts them and as the libraries store them, on the book's matrices
         shapes, layers = QWEN25_05B.projection_shapes(), QWEN25_05B.layers
-        (nf4_bytes, weights), (g128_bytes, _) = quant.stored_bits(shapes, "nf4", layers), quant.stored_bits(shapes, "int4-g128", layers)
+        (nf4_bytes, weights), (g128_bytes, _) = quant_error.stored_bits(shapes, "nf4", layers), quant_error.stored_bits(shapes, "int4-g128", layers)
         stored = formats.survey(shapes, layers)
         claim.table(f"Bits per weight as the libraries store them, over the {len(shapes) * layers} projection matrices of the book's architecture",
                     formats.TABLE_HEADER, formats.table_rows(stored))
@@ -331,8 +331,8 @@ def test_nf4_costs_4_25_bits_and_lowers_the_error_28_percent(claim, profile, req
         return
     rows, _ = _error_rows(profile, request.getfixturevalue("error_tables"), ("int4-g128", "nf4"))
     shapes = {n: tuple(w.shape) for n, w in quant.projection_weights(profile.model).items()}
-    (nf4_bytes, weights), (g128_bytes, _) = quant.stored_bits(shapes, "nf4"), quant.stored_bits(shapes, "int4-g128")
-    levels = quant.nf4_levels_in_use()
+    (nf4_bytes, weights), (g128_bytes, _) = quant_error.stored_bits(shapes, "nf4"), quant_error.stored_bits(shapes, "int4-g128")
+    levels = quant_error.nf4_levels_in_use()
     normal = quant.nf4_from_quantiles()
     deviation = max(abs(a - b) for a, b in zip(levels, normal)) if len(levels) == len(normal) else float("inf")
     g128, nf4 = rows["int4-g128"].mean, rows["nf4"].mean

@@ -32,7 +32,6 @@ MAY_IMPORT = {
 LIMIT = 450
 OVERSIZED: dict[str, int] = {
     "cheapinfer.chapter.evaluation": 526,
-    "cheapinfer.chapter.quant": 532,
     "cheapinfer.harness.compare": 595,
     "cheapinfer.harness.matrix": 714,
     "cheapinfer.harness.registry": 645,

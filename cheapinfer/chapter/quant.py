@@ -14,8 +14,8 @@ The chapter's listing (:func:`absmax_listing`) is implemented as printed: one fp
 tensor, ``torch.round`` (halves to the even integer), clamp to ``[-qmax - 1, qmax]``. The suite's
 quantizer follows the same rule by default (``ROUNDING = "half-even"``), so its error table measures
 the book's definition; ``rounding="half-away"`` (C's ``roundf``, as llama.cpp and the ``gguf``
-package round) is kept for the bit-level cross-check against gguf's Q8_0, and :func:`error_table`
-measures both rules (how many codes differ, and the error under each).
+package round) is kept for the bit-level cross-check against gguf's Q8_0, and
+:func:`cheapinfer.chapter.quant_error.error_table` measures both rules (how many codes differ, and the error under each).
 
 Assumptions: weights are ``[out_features, in_features]`` (``nn.Linear`` layout).
 """
@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+
 
 #: The schemes of the book's error table, in its order. ``reference`` is the unquantized fp32 weight.
 SCHEMES = ("reference", "int8-tensor", "int8-row", "int4-tensor", "int4-row", "int4-g128", "nf4")
@@ -132,7 +133,7 @@ def listing_blockwise(W: torch.Tensor, bits: int, block: int | None = None, rows
 
     A region that is all zero stays zero (the listing as printed would divide by zero there).
     """
-    w = _as_matrix(W)
+    w = as_matrix(W)
     out = torch.zeros_like(w)
     regions = [(slice(None), slice(None))] if not (rows or block) else [
         (slice(r, r + 1), slice(c, c + (block or w.shape[1]))) for r in range(w.shape[0]) for c in range(0, w.shape[1], block or w.shape[1])
@@ -217,7 +218,7 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         out, inp = self.shape
-        values = _values(self.unpacked_codes(), self.scheme)  # [out, in_padded]
+        values = code_values(self.unpacked_codes(), self.scheme)  # [out, in_padded]
         scales = self.scales.to(torch.float32)
         if self.scheme.granularity == "group":
             g = self.scheme.group
@@ -228,7 +229,7 @@ class QuantizedTensor:
         return w[:, :inp].to(dtype)
 
 
-def _as_matrix(weight: torch.Tensor) -> torch.Tensor:
+def as_matrix(weight: torch.Tensor) -> torch.Tensor:
     if weight.dim() == 1:
         return weight.reshape(1, -1)
     if weight.dim() != 2:
@@ -253,7 +254,7 @@ def _region_absmax(w: torch.Tensor, s: Scheme, blocks: torch.Tensor) -> torch.Te
     return blocks.abs().amax(dim=-1)
 
 
-def _normalise(w: torch.Tensor, s: Scheme, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
+def normalise(w: torch.Tensor, s: Scheme, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``(x, scales, padded)``: ``x = w / scale`` per block ``[out, blocks, block]``, the stored scales
     ``[out | 1, blocks | 1]`` in ``scale_dtype``, and the input dimension padded to whole groups."""
     blocks, padded = _regions(w, s)
@@ -266,7 +267,7 @@ def _normalise(w: torch.Tensor, s: Scheme, scale_dtype: torch.dtype) -> tuple[to
     return x, scales, padded
 
 
-def _codes(x: torch.Tensor, s: Scheme, rounding: str | None = None) -> torch.Tensor:
+def to_codes(x: torch.Tensor, s: Scheme, rounding: str | None = None) -> torch.Tensor:
     """Signed int8 codes of normalised values: INT levels, or for NF4 the nearest level's index - 8."""
     if s.kind == "nf4":
         book = nf4_codebook()
@@ -275,7 +276,7 @@ def _codes(x: torch.Tensor, s: Scheme, rounding: str | None = None) -> torch.Ten
     return round_codes(x, rounding).clamp_(-s.qmax - 1, s.qmax).to(torch.int8)
 
 
-def _values(codes: torch.Tensor, s: Scheme) -> torch.Tensor:
+def code_values(codes: torch.Tensor, s: Scheme) -> torch.Tensor:
     """The normalised value of each code (fp32): the integer itself, or the NF4 level."""
     return nf4_codebook()[codes.long() + 8] if s.kind == "nf4" else codes.to(torch.float32)
 
@@ -287,10 +288,10 @@ def quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None 
     chapter's ``torch.round``).
     """
     s = parse_scheme(scheme)
-    w = _as_matrix(weight).detach().to(torch.float32)
+    w = as_matrix(weight).detach().to(torch.float32)
     out, inp = w.shape
-    x, scales, padded = _normalise(w, s, scale_dtype or SCALE_DTYPE)
-    codes = _codes(x, s, rounding).reshape(out, padded)
+    x, scales, padded = normalise(w, s, scale_dtype or SCALE_DTYPE)
+    codes = to_codes(x, s, rounding).reshape(out, padded)
     if s.bits == 4:
         flat = (codes.reshape(-1) + 8).to(torch.uint8)  # 0..15
         if flat.numel() % 2:
@@ -308,10 +309,10 @@ def fake_quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | 
     if scheme == "reference":
         return weight.detach().clone()
     s = parse_scheme(scheme)
-    w = _as_matrix(weight).detach().to(torch.float32)
+    w = as_matrix(weight).detach().to(torch.float32)
     out, inp = w.shape
-    x, scales, padded = _normalise(w, s, scale_dtype or SCALE_DTYPE)
-    w_hat = _values(_codes(x, s, rounding), s) * scales.to(torch.float32).unsqueeze(-1)  # [out, blocks, block]
+    x, scales, padded = normalise(w, s, scale_dtype or SCALE_DTYPE)
+    w_hat = code_values(to_codes(x, s, rounding), s) * scales.to(torch.float32).unsqueeze(-1)  # [out, blocks, block]
     return w_hat.reshape(out, padded)[:, :inp].reshape(weight.shape).to(weight.dtype)
 
 
@@ -324,7 +325,7 @@ def extremes_kept(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | 
     it back within u_s and three fp32 roundings. A property of the format that holds in every region, on any
     weights; a scale computed over other weights than its region's keeps it only by coincidence."""
     s = parse_scheme(scheme)
-    w = _as_matrix(weight).detach().to(torch.float32)
+    w = as_matrix(weight).detach().to(torch.float32)
     w_hat = fake_quantize(w, scheme, scale_dtype)
     a = _regions(w, s)[0].abs()
     at = a.argmax(dim=-1, keepdim=True)
@@ -356,177 +357,3 @@ def quantized_copy(model, scheme: str):
     clone.eval()
     clone.requires_grad_(False)
     return clone
-
-
-# ----------------------------------------------------------------------------------------------
-# measurements of the section
-# ----------------------------------------------------------------------------------------------
-
-
-def relative_error(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None, rounding: str | None = None) -> float:
-    """``||W - W_hat||_F / ||W||_F`` for one matrix."""
-    w = weight.detach().float()
-    return float(torch.linalg.vector_norm(w - fake_quantize(w, scheme, scale_dtype, rounding)) / torch.linalg.vector_norm(w))
-
-
-@dataclass
-class ErrorRow:
-    scheme: str
-    mean: float
-    worst: float
-    worst_matrix: str
-    errors: dict[str, float]  # per matrix
-    #: under the other rounding rule (half away from zero; INT schemes only): mean error, and how many
-    #: weights get another code than under ``torch.round`` (the ties k + 1/2 with k even)
-    mean_half_away: float | None = None
-    codes_differ: int = 0
-
-
-def error_table(weights: dict[str, torch.Tensor], schemes=SCHEMES, scale_dtype: torch.dtype | None = None) -> list[ErrorRow]:
-    """Relative error of every matrix under every scheme: one row per scheme (mean and worst over matrices).
-
-    Errors are those of the chapter's rounding (``torch.round``); for INT schemes the same codes are
-    also rounded half away from zero, and the weights whose code differs are counted.
-    """
-    rows = []
-    for scheme in schemes:
-        errors, away, differ = {}, {}, 0
-        for name, weight in weights.items():
-            w = _as_matrix(weight).detach().float()
-            norm = torch.linalg.vector_norm(w)
-            if scheme == "reference":
-                errors[name] = 0.0
-                continue
-            s = parse_scheme(scheme)
-            out, inp = w.shape
-            x, scales, padded = _normalise(w, s, scale_dtype or SCALE_DTYPE)
-            stored = scales.to(torch.float32).unsqueeze(-1)  # [., ., 1]
-            codes = _codes(x, s)
-            w_hat = (_values(codes, s) * stored).reshape(out, padded)[:, :inp]
-            residual = w - w_hat
-            errors[name] = float(torch.linalg.vector_norm(residual) / norm)
-            if s.kind == "int":  # the other rule changes only ties, k + 1/2: recompute those
-                xs = x.reshape(out, padded)[:, :inp]
-                rows_, cols = ((xs - xs.floor()) == 0.5).nonzero(as_tuple=True)
-                codes_other = _codes(xs[rows_, cols], s, "half-away" if ROUNDING == "half-even" else "half-even")
-                codes_tie = codes.reshape(out, padded)[rows_, cols]
-                differ += int((codes_other != codes_tie).sum())
-                scale = _scale_at(stored, s, rows_, cols)
-                r_other = w[rows_, cols] - _values(codes_other, s) * scale
-                f64 = torch.float64  # the tie terms are tiny beside the whole: sum in double
-                err2 = float(residual.square().sum(dtype=f64) - residual[rows_, cols].square().sum(dtype=f64) + r_other.square().sum(dtype=f64))
-                away[name] = max(err2, 0.0) ** 0.5 / float(norm)
-        worst = max(errors, key=errors.get)
-        mean_away = sum(away.values()) / len(away) if away else None
-        rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors, mean_away, differ))
-    return rows
-
-
-def _scale_at(stored: torch.Tensor, s: Scheme, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """The stored scale (fp32) of the elements at ``(rows, cols)``; ``stored`` is ``[out | 1, blocks | 1, 1]``."""
-    if s.granularity == "group":
-        return stored[rows, cols // s.group, 0]
-    if s.granularity == "row":
-        return stored[rows, 0, 0]
-    return stored.reshape(-1)[0].expand(rows.shape)
-
-
-def spread(w: torch.Tensor) -> float:
-    """The standard deviation of a matrix's weights (all elements, float64)."""
-    return float(w.std())
-
-
-def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float | int]:
-    """The book's one-matrix listing: mean |w|, std, max |w|, max/std, count beyond ``sigmas`` std (|w| > k std)."""
-    from scipy.stats import norm
-
-    w = weight.detach().double().flatten()
-    std = spread(w)
-    beyond = int((w.abs() > sigmas * std).sum())
-    expected = w.numel() * 2 * float(norm.sf(sigmas))  # under a normal distribution
-    max_abs = float(w.abs().max())
-    return {
-        "mean_abs": float(w.abs().mean()),
-        "std": std,
-        "max_abs": max_abs,
-        "beyond_6sigma": beyond,
-        "numel": w.numel(),
-        **tail_summary(max_abs, std, beyond, w.numel()),
-        "tail_excess": beyond / expected,
-    }
-
-
-def tail_summary(max_abs: float, std: float, beyond: int, numel: int) -> dict[str, float]:
-    """What the listing's numbers say about the tail: max/std, the share beyond the threshold in percent,
-    and 'one in N'. From a measured matrix (:func:`matrix_stats`) or from the chapter's printed numbers."""
-    return {
-        "max_over_std": max_abs / std,
-        "beyond_percent": 100 * beyond / numel,
-        "one_in": numel / beyond if beyond else float("inf"),
-    }
-
-
-def nf4_levels_in_use() -> list[float]:
-    """The 16 levels the NF4 quantizer actually reconstructs, read back from it.
-
-    A ramp over [-1, 1] in one block has absmax 1, so its (fp16) scale is exactly 1 and every
-    dequantized value is a level of the codebook in use.
-    """
-    ramp = torch.linspace(-1.0, 1.0, 4096).reshape(1, -1)  # [1, 4096]
-    return sorted(set(fake_quantize(ramp, "nf4-g4096").flatten().tolist()))
-
-
-def central_levels(weight: torch.Tensor, scheme: str = "int4-tensor", central: float = 0.99) -> int:
-    """Distinct codes that the central ``central`` fraction of the weights (by value) occupy under ``scheme``."""
-    q = quantize(weight, scheme)
-    w = weight.detach().float().flatten()
-    codes = q.unpacked_codes()[:, : q.shape[1]].flatten()
-    lo, hi = _quantiles(w, ((1 - central) / 2, 1 - (1 - central) / 2))
-    inside = (w >= lo) & (w <= hi)
-    return int(codes[inside].unique().numel())
-
-
-def _quantiles(w: torch.Tensor, qs) -> list[float]:
-    """Exact order statistics (torch.quantile refuses tensors above 16 M elements)."""
-    s = w.sort().values
-    return [float(s[min(len(s) - 1, round(q * (len(s) - 1)))]) for q in qs]
-
-
-def stored_bits(shapes: dict[str, tuple[int, int]], scheme: str, count: int = 1) -> tuple[int, int]:
-    """(stored bytes, weights) of ``count`` copies of matrices of the given shapes, measured by quantizing them.
-
-    The bytes depend on shapes only, so seeded random matrices stand in for the weights.
-    """
-    from collections import Counter
-
-    g = torch.Generator().manual_seed(0)
-    nbytes = weights = 0
-    for shape, n in Counter(tuple(s) for s in shapes.values()).items():  # each distinct shape once
-        q = quantize(torch.randn(shape, generator=g), scheme)
-        nbytes += count * n * q.nbytes
-        weights += count * n * math.prod(shape)
-    return nbytes, weights
-
-
-def decimal_gb(parameters: int, bytes_per_parameter: int) -> float:
-    """Bytes in decimal gigabytes (10^9 B), the chapter's GB (1.98 GB for 494 M parameters at 4 bytes)."""
-    return parameters * bytes_per_parameter / 1e9
-
-
-def error_figure(rows: list[ErrorRow], title: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in rows if r.scheme != "reference"]
-    fig, ax = plt.subplots(figsize=(6.5, 3.2))
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r.mean for r in rows], width=0.4, label="mean", color="#4a6fa5")
-    ax.bar([i + 0.2 for i in x], [r.worst for r in rows], width=0.4, label="worst matrix", color="#c0504d")
-    ax.set_xticks(list(x), [r.scheme for r in rows], rotation=20, fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("||W - W_hat|| / ||W||")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    return fig

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from ...chapter import batching, formats, lowbit, outliers, quant
+from ...chapter import batching, formats, lowbit, outliers, quant, quant_error
 from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import replaying_first
 
@@ -25,7 +25,7 @@ from .common import replaying_first
     what="model sizes computed in binary GiB (2^30 B) while the chapter's GB are decimal (10^9 B)",
 )
 def _q_sizes_in_gib():
-    with patched(quant, "decimal_gb", lambda parameters, bytes_per_parameter: parameters * bytes_per_parameter / 2**30):
+    with patched(quant_error, "decimal_gb", lambda parameters, bytes_per_parameter: parameters * bytes_per_parameter / 2**30):
         yield
 
 
@@ -239,12 +239,12 @@ def _q_listing_cast():
     what="the share of weights beyond six standard deviations is given as a fraction where the listing prints a percentage (100 times too small)",
 )
 def _q_tail_share_fraction():
-    real = quant.tail_summary
+    real = quant_error.tail_summary
 
     def as_fraction(max_abs, std, beyond, numel):
         return {**real(max_abs, std, beyond, numel), "beyond_percent": beyond / numel}
 
-    with patched(quant, "tail_summary", as_fraction):
+    with patched(quant_error, "tail_summary", as_fraction):
         yield
 
 
@@ -256,7 +256,7 @@ def _q_tail_share_fraction():
     what="the spread of a matrix is its Frobenius norm instead of its standard deviation (sqrt(n) times too large)",
 )
 def _q_std_norm():
-    with patched(quant, "spread", lambda w: float(torch.linalg.vector_norm(w))):
+    with patched(quant_error, "spread", lambda w: float(torch.linalg.vector_norm(w))):
         yield
 
 

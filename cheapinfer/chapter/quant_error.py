@@ -1,0 +1,185 @@
+"""Sections 3-4, weight quantization: what the section measures with the suite's quantizers
+(:mod:`cheapinfer.chapter.quant`): the error table, the matrices' statistics and tails, the levels in use,
+the bits stored and the error figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from . import quant
+
+# ----------------------------------------------------------------------------------------------
+# measurements of the section
+# ----------------------------------------------------------------------------------------------
+
+
+def relative_error(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None, rounding: str | None = None) -> float:
+    """``||W - W_hat||_F / ||W||_F`` for one matrix."""
+    w = weight.detach().float()
+    return float(torch.linalg.vector_norm(w - quant.fake_quantize(w, scheme, scale_dtype, rounding)) / torch.linalg.vector_norm(w))
+
+
+@dataclass
+class ErrorRow:
+    scheme: str
+    mean: float
+    worst: float
+    worst_matrix: str
+    errors: dict[str, float]  # per matrix
+    #: under the other rounding rule (half away from zero; INT schemes only): mean error, and how many
+    #: weights get another code than under ``torch.round`` (the ties k + 1/2 with k even)
+    mean_half_away: float | None = None
+    codes_differ: int = 0
+
+
+def error_table(weights: dict[str, torch.Tensor], schemes=quant.SCHEMES, scale_dtype: torch.dtype | None = None) -> list[ErrorRow]:
+    """Relative error of every matrix under every scheme: one row per scheme (mean and worst over matrices).
+
+    Errors are those of the chapter's rounding (``torch.round``); for INT schemes the same codes are
+    also rounded half away from zero, and the weights whose code differs are counted.
+    """
+    rows = []
+    for scheme in schemes:
+        errors, away, differ = {}, {}, 0
+        for name, weight in weights.items():
+            w = quant.as_matrix(weight).detach().float()
+            norm = torch.linalg.vector_norm(w)
+            if scheme == "reference":
+                errors[name] = 0.0
+                continue
+            s = quant.parse_scheme(scheme)
+            out, inp = w.shape
+            x, scales, padded = quant.normalise(w, s, scale_dtype or quant.SCALE_DTYPE)
+            stored = scales.to(torch.float32).unsqueeze(-1)  # [., ., 1]
+            codes = quant.to_codes(x, s)
+            w_hat = (quant.code_values(codes, s) * stored).reshape(out, padded)[:, :inp]
+            residual = w - w_hat
+            errors[name] = float(torch.linalg.vector_norm(residual) / norm)
+            if s.kind == "int":  # the other rule changes only ties, k + 1/2: recompute those
+                xs = x.reshape(out, padded)[:, :inp]
+                rows_, cols = ((xs - xs.floor()) == 0.5).nonzero(as_tuple=True)
+                codes_other = quant.to_codes(xs[rows_, cols], s, "half-away" if quant.ROUNDING == "half-even" else "half-even")
+                codes_tie = codes.reshape(out, padded)[rows_, cols]
+                differ += int((codes_other != codes_tie).sum())
+                scale = _scale_at(stored, s, rows_, cols)
+                r_other = w[rows_, cols] - quant.code_values(codes_other, s) * scale
+                f64 = torch.float64  # the tie terms are tiny beside the whole: sum in double
+                err2 = float(residual.square().sum(dtype=f64) - residual[rows_, cols].square().sum(dtype=f64) + r_other.square().sum(dtype=f64))
+                away[name] = max(err2, 0.0) ** 0.5 / float(norm)
+        worst = max(errors, key=errors.get)
+        mean_away = sum(away.values()) / len(away) if away else None
+        rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors, mean_away, differ))
+    return rows
+
+
+def _scale_at(stored: torch.Tensor, s: quant.Scheme, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The stored scale (fp32) of the elements at ``(rows, cols)``; ``stored`` is ``[out | 1, blocks | 1, 1]``."""
+    if s.granularity == "group":
+        return stored[rows, cols // s.group, 0]
+    if s.granularity == "row":
+        return stored[rows, 0, 0]
+    return stored.reshape(-1)[0].expand(rows.shape)
+
+
+def spread(w: torch.Tensor) -> float:
+    """The standard deviation of a matrix's weights (all elements, float64)."""
+    return float(w.std())
+
+
+def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float | int]:
+    """The book's one-matrix listing: mean |w|, std, max |w|, max/std, count beyond ``sigmas`` std (|w| > k std)."""
+    from scipy.stats import norm
+
+    w = weight.detach().double().flatten()
+    std = spread(w)
+    beyond = int((w.abs() > sigmas * std).sum())
+    expected = w.numel() * 2 * float(norm.sf(sigmas))  # under a normal distribution
+    max_abs = float(w.abs().max())
+    return {
+        "mean_abs": float(w.abs().mean()),
+        "std": std,
+        "max_abs": max_abs,
+        "beyond_6sigma": beyond,
+        "numel": w.numel(),
+        **tail_summary(max_abs, std, beyond, w.numel()),
+        "tail_excess": beyond / expected,
+    }
+
+
+def tail_summary(max_abs: float, std: float, beyond: int, numel: int) -> dict[str, float]:
+    """What the listing's numbers say about the tail: max/std, the share beyond the threshold in percent,
+    and 'one in N'. From a measured matrix (:func:`matrix_stats`) or from the chapter's printed numbers."""
+    return {
+        "max_over_std": max_abs / std,
+        "beyond_percent": 100 * beyond / numel,
+        "one_in": numel / beyond if beyond else float("inf"),
+    }
+
+
+def nf4_levels_in_use() -> list[float]:
+    """The 16 levels the NF4 quantizer actually reconstructs, read back from it.
+
+    A ramp over [-1, 1] in one block has absmax 1, so its (fp16) scale is exactly 1 and every
+    dequantized value is a level of the codebook in use.
+    """
+    ramp = torch.linspace(-1.0, 1.0, 4096).reshape(1, -1)  # [1, 4096]
+    return sorted(set(quant.fake_quantize(ramp, "nf4-g4096").flatten().tolist()))
+
+
+def central_levels(weight: torch.Tensor, scheme: str = "int4-tensor", central: float = 0.99) -> int:
+    """Distinct codes that the central ``central`` fraction of the weights (by value) occupy under ``scheme``."""
+    q = quant.quantize(weight, scheme)
+    w = weight.detach().float().flatten()
+    codes = q.unpacked_codes()[:, : q.shape[1]].flatten()
+    lo, hi = _quantiles(w, ((1 - central) / 2, 1 - (1 - central) / 2))
+    inside = (w >= lo) & (w <= hi)
+    return int(codes[inside].unique().numel())
+
+
+def _quantiles(w: torch.Tensor, qs) -> list[float]:
+    """Exact order statistics (torch.quantile refuses tensors above 16 M elements)."""
+    s = w.sort().values
+    return [float(s[min(len(s) - 1, round(q * (len(s) - 1)))]) for q in qs]
+
+
+def stored_bits(shapes: dict[str, tuple[int, int]], scheme: str, count: int = 1) -> tuple[int, int]:
+    """(stored bytes, weights) of ``count`` copies of matrices of the given shapes, measured by quantizing them.
+
+    The bytes depend on shapes only, so seeded random matrices stand in for the weights.
+    """
+    from collections import Counter
+
+    g = torch.Generator().manual_seed(0)
+    nbytes = weights = 0
+    for shape, n in Counter(tuple(s) for s in shapes.values()).items():  # each distinct shape once
+        q = quant.quantize(torch.randn(shape, generator=g), scheme)
+        nbytes += count * n * q.nbytes
+        weights += count * n * math.prod(shape)
+    return nbytes, weights
+
+
+def decimal_gb(parameters: int, bytes_per_parameter: int) -> float:
+    """Bytes in decimal gigabytes (10^9 B), the chapter's GB (1.98 GB for 494 M parameters at 4 bytes)."""
+    return parameters * bytes_per_parameter / 1e9
+
+
+def error_figure(rows: list[ErrorRow], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.scheme != "reference"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r.mean for r in rows], width=0.4, label="mean", color="#4a6fa5")
+    ax.bar([i + 0.2 for i in x], [r.worst for r in rows], width=0.4, label="worst matrix", color="#c0504d")
+    ax.set_xticks(list(x), [r.scheme for r in rows], rotation=20, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("||W - W_hat|| / ||W||")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
