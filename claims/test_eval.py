@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from cheapinfer.chapter import evaluation, independence
+from cheapinfer.chapter import evaluation, independence, battery, perplexity
 from cheapinfer.harness import registry
 from cheapinfer.runtime import rounding
 from fixtures.plugin import on_profiles
@@ -32,10 +32,10 @@ def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evalu
     claim.note(
         f"Corpus: {corpus_source}, cleaned (headers, page markers, hyphenated line breaks, whitespace); the first "
         f"{table.tokens:,} predicted tokens of the article. Perplexity: token-level exp(mean NLL), "
-        f"{evaluation.WINDOWS} non-overlapping windows of {evaluation.WINDOW} tokens (stride {evaluation.WINDOW}) in one batch, "
+        f"{perplexity.WINDOWS} non-overlapping windows of {perplexity.WINDOW} tokens (stride {perplexity.WINDOW}) in one batch, "
         f"each window restarting its context; cross-checked on the reference against transformers' own shifted loss. "
-        f"Battery: {len(evaluation.BATTERY)} questions through the chat template, greedy, "
-        f"first {evaluation.ANSWER_TOKENS} tokens, stock repetition penalty {table.stock_penalty:g}"
+        f"Battery: {len(battery.BATTERY)} questions through the chat template, greedy, "
+        f"first {battery.ANSWER_TOKENS} tokens, stock repetition penalty {table.stock_penalty:g}"
         + (" (this model's generation config sets none, so the 'penalty off' column repeats the stock one)" if table.stock_penalty == 1.0 else "")
         + f". Agreement: {len(table.continuations)} prompts x {evaluation.AGREEMENT_TOKENS} reference greedy tokens, teacher-forced. "
         "The sizes (tokens, questions, positions, schemes) are the suite's settings, chosen to match the book: reported, not checked."
@@ -84,7 +84,7 @@ def test_per_tensor_int8_costs_half_a_point_and_no_answers(claim, profile, evalu
     """EVAL-INT8-TENSOR: "one scale per matrix costs 0.5 perplexity points and no answers in the battery"."""
     table = evaluation_table(profile)
     ref, t8 = table["reference"], table["int8-tensor"]
-    change = evaluation.mcnemar_exact(ref.battery.correct, t8.battery.correct)
+    change = battery.mcnemar_exact(ref.battery.correct, t8.battery.correct)
     claim.verify(
         profile.name,
         ppl_cost=t8.ppl - ref.ppl,
@@ -135,14 +135,14 @@ def test_one_question_in_sixteen_distinguishes_nothing(claim, profile, request):
     question, and the confidence interval of chapter 4 says that one question in sixteen distinguishes nothing"."""
     name = request.node.callspec.params["profile"]
     if profile is None:  # the book's battery size
-        res = evaluation.resolution(registry.get("EVAL-NOISE").book["questions"])
+        res = battery.resolution(registry.get("EVAL-NOISE").book["questions"])
         claim.verify(name, **_resolution(res))
         return
     table = request.getfixturevalue("evaluation_table")(profile)
     nf4, g128 = table["nf4"], table["int4-g128"]
-    res = evaluation.resolution(nf4.battery.n)
-    change = evaluation.mcnemar_exact(g128.battery.correct, nf4.battery.correct)
-    off = evaluation.mcnemar_exact(g128.battery_no_penalty.correct, nf4.battery_no_penalty.correct)
+    res = battery.resolution(nf4.battery.n)
+    change = battery.mcnemar_exact(g128.battery.correct, nf4.battery.correct)
+    off = battery.mcnemar_exact(g128.battery_no_penalty.correct, nf4.battery_no_penalty.correct)
     stock_order = (nf4.battery.score > g128.battery.score) - (nf4.battery.score < g128.battery.score)
     off_order = (nf4.battery_no_penalty.score > g128.battery_no_penalty.score) - (nf4.battery_no_penalty.score < g128.battery_no_penalty.score)
     if table.stock_penalty == 1.0:
@@ -157,8 +157,8 @@ def test_one_question_in_sixteen_distinguishes_nothing(claim, profile, request):
         nf4_lost_vs_g128=change.lost,
         nf4_gained_vs_g128=change.gained,
         battery_change_p=change.p_value,
-        interval_nf4=[round(v, 3) for v in evaluation.binomial_interval(nf4.battery.score, nf4.battery.n)],
-        interval_g128=[round(v, 3) for v in evaluation.binomial_interval(g128.battery.score, g128.battery.n)],
+        interval_nf4=[round(v, 3) for v in battery.binomial_interval(nf4.battery.score, nf4.battery.n)],
+        interval_g128=[round(v, 3) for v in battery.binomial_interval(g128.battery.score, g128.battery.n)],
         rows_swap_without_penalty=stock_order != 0 and off_order == -stock_order,
         battery_change_p_without_penalty=off.p_value,
         battery_no_penalty_nf4=nf4.battery_no_penalty.score,
@@ -166,7 +166,7 @@ def test_one_question_in_sixteen_distinguishes_nothing(claim, profile, request):
     )
 
 
-def _resolution(res: evaluation.Resolution) -> dict:
+def _resolution(res: battery.Resolution) -> dict:
     return {
         "questions": res.n,
         "interval_coverage": res.interval_coverage,

@@ -302,10 +302,10 @@ def test_bitsandbytes_on_the_gpu_gives_the_suites_perplexity(kind, stand_in, qua
     bitsandbytes holds.
     """
     from cheapinfer.runtime import corpus
-    from cheapinfer.chapter import evaluation
+    from cheapinfer.chapter import perplexity
 
     ids = corpus.held_out_ids(stand_in.tokenizer, corpus_text)
-    windows = torch.stack([ids[s : s + evaluation.WINDOW + 1] for s in range(0, ids.numel() - 1, evaluation.WINDOW)]).to(stand_in.device)
+    windows = torch.stack([ids[s : s + perplexity.WINDOW + 1] for s in range(0, ids.numel() - 1, perplexity.WINDOW)]).to(stand_in.device)
     weights = quant.projection_weights(stand_in.model)
     theirs = crosscheck.bitsandbytes_copy(stand_in.model, kind)
     reference = {}
@@ -322,7 +322,7 @@ def test_bitsandbytes_on_the_gpu_gives_the_suites_perplexity(kind, stand_in, qua
     try:
         with _ieee_fp32():
             nll_theirs, nll_suite = _nll64(theirs, windows), _nll64(suite, windows)
-            eval_row = evaluation.perplexity(quantized_stand_in[crosscheck.SUITE_SCHEME[kind]].model, ids)
+            eval_row = perplexity.perplexity(quantized_stand_in[crosscheck.SUITE_SCHEME[kind]].model, ids)
             bound = None
             if kind == "nf4":
                 bound = rounding.first_order_bound(rounding.float64_copy(suite), windows[:, :-1],

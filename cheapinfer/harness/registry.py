@@ -55,16 +55,11 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
+import tomllib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 REPRODUCED = "reproduced"
 SHAPE_HOLDS = "shape holds"

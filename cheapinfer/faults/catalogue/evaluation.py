@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...chapter import evaluation, quant
+from ...chapter import evaluation, quant, battery, perplexity
 from ..core import DISABLED, RULE, STATISTIC, fault, patched
 
 
@@ -25,14 +25,14 @@ def _eval_ppl_windows_overlap():
     import torch.nn.functional as F
 
     @torch.no_grad()
-    def overlapping(model, ids, window=evaluation.WINDOW):
+    def overlapping(model, ids, window=perplexity.WINDOW):
         device = next(model.parameters()).device
         inputs = ids[:-1].unfold(0, window, window // 2).to(device)  # [W', window], windows overlapping by half
         targets = ids[1:].unfold(0, window, window // 2).to(device)
         logits = model(input_ids=inputs, use_cache=False).logits
         return math.exp(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item())
 
-    with patched(evaluation, "perplexity", overlapping):
+    with patched(perplexity, "perplexity", overlapping):
         yield
 
 
@@ -80,9 +80,9 @@ def _eval_mcnemar_counts_ties():
     def over_all(first, second):
         lost = sum(a and not b for a, b in zip(first, second))
         gained = sum(b and not a for a, b in zip(first, second))
-        return evaluation.PairedChange(lost, gained, float(stats.binomtest(lost, len(first), 0.5).pvalue))
+        return battery.PairedChange(lost, gained, float(stats.binomtest(lost, len(first), 0.5).pvalue))
 
-    with patched(evaluation, "mcnemar_exact", over_all):
+    with patched(battery, "mcnemar_exact", over_all):
         yield
 
 
@@ -94,12 +94,12 @@ def _eval_mcnemar_counts_ties():
     what="the binomial interval is given the significance level (0.05) where it expects the confidence level (0.95)",
 )
 def _eval_interval_wrong_level():
-    real = evaluation.binomial_interval
+    real = battery.binomial_interval
 
-    def wrong_level(k, n, confidence=evaluation.CONFIDENCE):
+    def wrong_level(k, n, confidence=battery.CONFIDENCE):
         return real(k, n, 1 - confidence)
 
-    with patched(evaluation, "binomial_interval", wrong_level):
+    with patched(battery, "binomial_interval", wrong_level):
         yield
 
 

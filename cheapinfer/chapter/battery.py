@@ -1,0 +1,184 @@
+"""Section 5, does quantization hurt? The factual battery and its statistics: 16 questions under greedy
+decoding, McNemar's exact test between two schemes, the Clopper-Pearson interval of one score, and what
+a battery of n questions can resolve at all (see :mod:`cheapinfer.chapter.evaluation`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from scipy import stats
+
+
+# ------------------------------------------------------------------------------------------------
+# battery
+# ------------------------------------------------------------------------------------------------
+
+ANSWER_TOKENS = 16
+CONFIDENCE = 0.95  # of the exact binomial interval of one battery score
+LEVEL = 0.05  # two-sided significance level of the paired exact (McNemar) test
+
+#: (question, accepted answers as regular expressions matched on word boundaries, case-insensitive).
+BATTERY: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("What is the capital of France?", ("paris",)),
+    ("How many days are there in a week?", ("seven", "7")),
+    ("What is the chemical formula of water?", ("h2o", "h₂o")),
+    ("Which planet is known as the Red Planet?", ("mars",)),
+    ("Who wrote the play Romeo and Juliet?", ("shakespeare",)),
+    ("What is the largest ocean on Earth?", ("pacific",)),
+    ("How many legs does a spider have?", ("eight", "8")),
+    ("At what temperature in degrees Celsius does water freeze?", ("0", "zero")),
+    ("What is the capital of Japan?", ("tokyo",)),
+    ("Which gas do plants take in from the air for photosynthesis?", ("carbon dioxide", "co2", "co₂")),
+    ("What is the largest planet in the solar system?", ("jupiter",)),
+    ("On which continent is Egypt?", ("africa",)),
+    ("What is the square root of 81?", ("nine", "9")),
+    ("What colour is the sky on a clear day?", ("blue",)),
+    ("Who painted the Mona Lisa?", ("leonardo", "da vinci")),
+    ("At what temperature in degrees Celsius does water boil at sea level?", ("100", "one hundred")),
+)
+BATTERY_SUFFIX = " Answer in a few words."
+
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out)
+    return tokenizer(f"Question: {text}\nAnswer:", add_special_tokens=True)["input_ids"]
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, L]`` ids and attention mask, padded on the left (generation continues on the right)."""
+    length = max(len(r) for r in rows)
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, length - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, length - len(r):] = 1
+    return ids, mask
+
+
+def _pad_id(model, tokenizer) -> int:
+    for candidate in (tokenizer.pad_token_id, model.generation_config.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate[0] if isinstance(candidate, (list, tuple)) else candidate)
+    return 0
+
+
+def stock_repetition_penalty(model) -> float:
+    """The repetition penalty of the model's own ``generation_config`` (1.0 when it sets none)."""
+    value = getattr(model.generation_config, "repetition_penalty", None)
+    return float(value) if value is not None else 1.0
+
+
+def is_correct(answer: str, accepted: Iterable[str]) -> bool:
+    text = answer.lower()
+    return any(re.search(rf"(?<!\w){re.escape(a)}(?!\w)", text) for a in accepted)
+
+
+@dataclass
+class BatteryResult:
+    repetition_penalty: float
+    answers: list[str]
+    correct: list[bool]
+
+    @property
+    def score(self) -> int:
+        return sum(self.correct)
+
+    @property
+    def n(self) -> int:
+        return len(self.correct)
+
+
+@torch.no_grad()
+def battery(model, tokenizer, repetition_penalty: float | None = None) -> BatteryResult:
+    """The 16 questions, greedy, one batch. ``repetition_penalty=None`` keeps the model's stock setting."""
+    penalty = stock_repetition_penalty(model) if repetition_penalty is None else float(repetition_penalty)
+    pad = _pad_id(model, tokenizer)
+    ids, mask = _left_padded([_chat_ids(tokenizer, q + BATTERY_SUFFIX) for q, _ in BATTERY], pad)
+    device = next(model.parameters()).device
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        repetition_penalty=penalty,
+        max_new_tokens=ANSWER_TOKENS,
+        pad_token_id=pad,
+    )  # [B, L + new]
+    answers = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+    return BatteryResult(penalty, answers, [is_correct(a, acc) for a, (_, acc) in zip(answers, BATTERY)])
+
+
+def binomial_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) interval for a proportion k/n."""
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+@dataclass
+class PairedChange:
+    """Two schemes on the same questions: answers lost and gained by the second, and McNemar's exact p."""
+
+    lost: int  # right under the first, wrong under the second
+    gained: int  # wrong under the first, right under the second
+    p_value: float  # two-sided exact McNemar: binomial(lost + gained, 1/2); 1.0 when nothing changed
+
+    @property
+    def significant(self) -> bool:
+        return self.p_value < LEVEL
+
+
+def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> PairedChange:
+    """McNemar's exact test on paired right/wrong answers (two-sided)."""
+    if len(first) != len(second):
+        raise ValueError(f"paired answers of different lengths: {len(first)} and {len(second)}")
+    lost = sum(a and not b for a, b in zip(first, second))
+    gained = sum(b and not a for a, b in zip(first, second))
+    if lost + gained == 0:
+        return PairedChange(0, 0, 1.0)
+    return PairedChange(lost, gained, float(stats.binomtest(lost, lost + gained, 0.5).pvalue))
+
+
+@dataclass
+class Resolution:
+    """What a battery of ``n`` questions can resolve, by the interval and by the paired test."""
+
+    n: int
+    interval_coverage: float  # smallest exact coverage of the interval over true proportions 0.001..0.999
+    one_question_intervals_disjoint: bool  # for some k, the intervals of k/n and (k+1)/n do not overlap
+    one_question_p: float  # McNemar's exact p of one question lost and none gained
+    smallest_disjoint_gap: int  # fewest questions between two scores whose intervals can be disjoint
+    smallest_significant_change: int  # fewest one-way changes (m lost, 0 gained) that McNemar calls significant
+
+
+def resolution(n: int, confidence: float = CONFIDENCE, level: float = LEVEL) -> Resolution:
+    """What ``n`` questions can and cannot tell apart (exact intervals at ``confidence``, McNemar at ``level``)."""
+    ci = [binomial_interval(k, n, confidence) for k in range(n + 1)]
+    # exact coverage: P(true p inside the interval of the observed k), summed over the binomial law of k
+    truth = np.linspace(0.001, 0.999, 999)  # [P]
+    pmf = stats.binom.pmf(np.arange(n + 1)[:, None], n, truth[None, :])  # [n + 1, P]
+    inside = np.array([[lo <= t <= hi for t in truth] for lo, hi in ci])  # [n + 1, P]
+    coverage = float((pmf * inside).sum(axis=0).min())
+
+    def disjoint(k: int, j: int) -> bool:
+        return ci[k][1] < ci[j][0]
+
+    gap = next((d for d in range(1, n + 1) if any(disjoint(k, k + d) for k in range(n + 1 - d))), n + 1)
+    change = next((m for m in range(1, n + 1) if mcnemar_exact([True] * m, [False] * m).p_value < level), n + 1)
+    return Resolution(
+        n=n,
+        interval_coverage=coverage,
+        one_question_intervals_disjoint=any(disjoint(k, k + 1) for k in range(n)),
+        one_question_p=mcnemar_exact([True], [False]).p_value,
+        smallest_disjoint_gap=gap,
+        smallest_significant_change=change,
+    )
