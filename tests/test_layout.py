@@ -33,7 +33,6 @@ LIMIT = 450
 OVERSIZED: dict[str, int] = {
     "cheapinfer.harness.compare": 595,
     "cheapinfer.harness.matrix": 714,
-    "cheapinfer.harness.registry": 645,
     "cheapinfer.harness.report": 685,
     "cheapinfer.reference.engine": 682,
 }

@@ -11,7 +11,7 @@ claim's number there or an entry of ``tests/data/printed-unclaimed.toml`` that s
 """
 
 import re
-import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,10 +19,6 @@ import pytest
 from cheapinfer.harness import registry
 from printed_extract import account, extract, guess_lang
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PRINTED = ROOT / "tests" / "data" / "printed-numbers.toml"

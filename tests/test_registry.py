@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import registry
+from cheapinfer.harness import registry, verdict as verdicts
 from cheapinfer.harness import claimfiles, record
 from cheapinfer.harness.registry import DEVIATES, REPRODUCED, SHAPE_HOLDS, RegistryError
 
@@ -66,17 +66,17 @@ def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
     measured = {c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "digits"}
     measured.update({c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "shape" and c.q not in measured})
     for profile in claim.runs_on:
-        base = registry.judge(claim, measured, profile, "cuda")
+        base = verdicts.judge(claim, measured, profile, "cuda")
         assert base.verdict in (REPRODUCED, SHAPE_HOLDS), f"{claim.id} on {profile}: {[o.message(claim) for o in base.failures]}"
-        moved = registry.judge(registry.perturb(claim, measured), measured, profile, "cuda")
+        moved = verdicts.judge(verdicts.perturb(claim, measured), measured, profile, "cuda")
         assert moved.verdict == DEVIATES, f"{claim.id} on {profile}: still {moved.verdict} after moving the book values"
     # each check on its own flips as well: no check hides behind another
     for check in claim.checks:
         if check.kind == "digits" and not set(claim.digits_on) & set(claim.runs_on):
             continue
-        alone = registry.perturb(registry.Claim(**{**claim.__dict__, "checks": (check,)}), measured)
+        alone = verdicts.perturb(registry.Claim(**{**claim.__dict__, "checks": (check,)}), measured)
         profile = next(p for p in claim.runs_on if check.judged_on(p) and (check.kind == "shape" or p in claim.digits_on))
-        assert registry.judge(alone, measured, profile, "cuda").verdict == DEVIATES, f"{claim.id}/{check.q} cannot fail"
+        assert verdicts.judge(alone, measured, profile, "cuda").verdict == DEVIATES, f"{claim.id}/{check.q} cannot fail"
 
 
 @pytest.mark.parametrize("claim", _claims_with_tests(), ids=lambda c: c.id)
@@ -117,10 +117,10 @@ def test_digits_are_reported_not_asserted_off_their_profiles():
         '[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 10.0}\nruns_on = ["stand-in", "book"]\ndigits_on = ["book"]\n'
         'checks = [{q = "a", form = "rel", tol = 0.1, why = "w"}, {q = "r", kind = "shape", op = ">", bound = 1.0, why = "w"}]'
     )["X"]
-    assert registry.judge(claim, {"a": 50.0, "r": 2.0}, "stand-in").verdict == SHAPE_HOLDS
-    assert registry.judge(claim, {"a": 50.0, "r": 2.0}, "book").verdict == DEVIATES
-    assert registry.judge(claim, {"a": 10.5, "r": 2.0}, "book").verdict == REPRODUCED
-    assert registry.judge(claim, {"a": 10.5}, "book").verdict == DEVIATES, "a missing measured value fails its check"
+    assert verdicts.judge(claim, {"a": 50.0, "r": 2.0}, "stand-in").verdict == SHAPE_HOLDS
+    assert verdicts.judge(claim, {"a": 50.0, "r": 2.0}, "book").verdict == DEVIATES
+    assert verdicts.judge(claim, {"a": 10.5, "r": 2.0}, "book").verdict == REPRODUCED
+    assert verdicts.judge(claim, {"a": 10.5}, "book").verdict == DEVIATES, "a missing measured value fails its check"
 
 
 def test_a_check_with_profiles_is_judged_only_there():
@@ -130,9 +130,9 @@ def test_a_check_with_profiles_is_judged_only_there():
         'digits_on = ["arithmetic", "book"]\nchecks = [{q = "total", form = "exact", why = "w"}, '
         '{q = "n", form = "exact", why = "w", profiles = ["book"]}]'
     )["X"]
-    assert registry.judge(claim, {"total": 896}, "arithmetic").verdict == REPRODUCED, "n is not judged on arithmetic"
-    assert registry.judge(claim, {"total": 896}, "book").verdict == DEVIATES, "n is judged on the book, and missing"
-    assert [o.check.q for o in registry.judge(claim, {"total": 856}, "arithmetic").outcomes] == ["total"]
+    assert verdicts.judge(claim, {"total": 896}, "arithmetic").verdict == REPRODUCED, "n is not judged on arithmetic"
+    assert verdicts.judge(claim, {"total": 896}, "book").verdict == DEVIATES, "n is judged on the book, and missing"
+    assert [o.check.q for o in verdicts.judge(claim, {"total": 856}, "arithmetic").outcomes] == ["total"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ _GOOD = {"exact": 12288, "flag": True, "rel": 10.5, "abs": 1.4, "more": 17.4, "s
 
 
 def test_a_passing_measurement_of_every_check_type_reproduces():
-    assert registry.judge(_KINDS, _GOOD, "twin").verdict == REPRODUCED
+    assert verdicts.judge(_KINDS, _GOOD, "twin").verdict == REPRODUCED
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_a_passing_measurement_of_every_check_type_reproduces():
 )
 def test_a_failing_measurement_of_every_check_type_deviates(q, bad):
     """Exact, boolean, rel, abs, bound, one_of and shape checks, and NaN/inf/missing for each: deviates, no crash."""
-    judged = registry.judge(_KINDS, {**_GOOD, q: bad}, "twin")
+    judged = verdicts.judge(_KINDS, {**_GOOD, q: bad}, "twin")
     assert judged.verdict == DEVIATES, f"{q} = {bad!r} gave {judged.verdict}"
     assert [o.check.q for o in judged.failures] == [q]
     assert judged.messages(_KINDS), "a deviation says why"
@@ -195,21 +195,21 @@ _ERRATUM = (
 
 def test_a_confirmed_erratum_is_green_while_its_digits_fail_as_documented():
     claim = registry.parse(_ERRATUM)["E"]
-    assert registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin").verdict == registry.ERRATUM
+    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin").verdict == registry.ERRATUM
 
 
 def test_a_confirmed_erratum_turns_red_when_its_digits_reproduce():
     """Strict, like xfail(strict=True): the day the book's number holds, the entry must be revisited."""
     claim = registry.parse(_ERRATUM)["E"]
-    judged = registry.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin")
+    judged = verdicts.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin")
     assert judged.verdict == DEVIATES and judged.stale
     assert "no longer holds" in judged.messages(claim)[0]
 
 
 def test_a_confirmed_erratum_does_not_hide_another_failure():
     claim = registry.parse(_ERRATUM)["E"]
-    assert registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 0.5}, "twin").verdict == DEVIATES
-    assert registry.judge(claim, {"speedup": 2.8, "other": 5.0, "r": 2.0}, "twin").verdict == DEVIATES
+    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 0.5}, "twin").verdict == DEVIATES
+    assert verdicts.judge(claim, {"speedup": 2.8, "other": 5.0, "r": 2.0}, "twin").verdict == DEVIATES
 
 
 _TWO_ERRATA = _ERRATUM.replace("[E.erratum]", "[[E.erratum]]") + (
@@ -221,9 +221,9 @@ _TWO_ERRATA = _ERRATUM.replace("[E.erratum]", "[[E.erratum]]") + (
 def test_several_errata_of_one_claim_each_document_their_own_checks():
     claim = registry.parse(_TWO_ERRATA)["E"]
     assert [e.grade for e in claim.errata] == ["erratum", "translation"] and claim.erratum is claim.errata[0]
-    assert registry.judge(claim, {"speedup": 2.8, "other": 2.5, "r": 2.0}, "twin").verdict == registry.ERRATUM
+    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.5, "r": 2.0}, "twin").verdict == registry.ERRATUM
     # the second erratum's digits reproduce: stale, red, while the first still holds
-    judged = registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin")
+    judged = verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin")
     assert judged.verdict == DEVIATES and [o.check.q for o in judged.stale] == ["other"]
 
 
@@ -236,7 +236,7 @@ def test_a_check_documented_by_two_errata_is_refused():
 def test_a_confirmed_erratum_does_not_cover_the_book_profile():
     """Book-profile digits that fail on real weights stay red until the erratum is confirmed there."""
     claim = registry.parse(_ERRATUM)["E"]
-    assert registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "book").verdict == DEVIATES
+    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "book").verdict == DEVIATES
 
 
 @pytest.mark.parametrize(
@@ -258,14 +258,14 @@ def test_malformed_errata_and_sources_are_rejected(change, problem):
 _API_ERRATUM = _ERRATUM + 'applies = { transformers = ">=5" }\n'
 
 
-@pytest.mark.parametrize(("transformers", "verdict"), [("5.24.0", registry.ERRATUM), ("4.57.6", DEVIATES)])
-def test_an_erratum_about_an_api_holds_only_on_the_releases_it_names(transformers, verdict):
+@pytest.mark.parametrize(("transformers", "expected"), [("5.24.0", registry.ERRATUM), ("4.57.6", DEVIATES)])
+def test_an_erratum_about_an_api_holds_only_on_the_releases_it_names(transformers, expected):
     """KV-API's kind: the book's spelling is deprecated from transformers 5 on; on 4.x the digits are asserted as printed."""
     claim = registry.parse(_API_ERRATUM)["E"]
-    judged = registry.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
-    assert judged.verdict == verdict
-    printed = registry.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
-    assert printed.verdict == (DEVIATES if verdict == registry.ERRATUM else registry.REPRODUCED)
+    judged = verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
+    assert judged.verdict == expected
+    printed = verdicts.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
+    assert printed.verdict == (DEVIATES if expected == registry.ERRATUM else registry.REPRODUCED)
 
 
 @pytest.mark.parametrize("grade, message", [(None, "erratum needs 'grade'"), ("typo", "grade 'typo' is none of")])
@@ -292,7 +292,7 @@ _NOISY = (
 )
 
 
-@pytest.mark.parametrize(("speedup", "se", "verdict"), [
+@pytest.mark.parametrize(("speedup", "se", "expected"), [
     (3.5, 0.4, SHAPE_HOLDS),                     # 1.5 above the bound: 3.75 standard errors
     (2.5, 0.4, registry.INCONCLUSIVE),           # 0.5 above: 1.25 standard errors, passes but cannot decide
     (1.5, 0.4, registry.INCONCLUSIVE),           # 0.5 below: fails but cannot decide
@@ -301,36 +301,36 @@ _NOISY = (
     (1.5, None, DEVIATES),
     (2.5, float("inf"), registry.INCONCLUSIVE),  # a noise that could not be estimated decides nothing
 ])
-def test_a_noisy_check_decides_only_beyond_three_standard_errors(speedup, se, verdict):
+def test_a_noisy_check_decides_only_beyond_three_standard_errors(speedup, se, expected):
     claim = registry.parse(_NOISY)["N"]
     measured = {"speedup": speedup, "found": True, "rows": 1, **({"speedup_se": se} if se is not None else {})}
-    judged = registry.judge(claim, measured, "twin")
-    assert judged.verdict == verdict
-    if verdict == registry.INCONCLUSIVE:
+    judged = verdicts.judge(claim, measured, "twin")
+    assert judged.verdict == expected
+    if expected == registry.INCONCLUSIVE:
         message = judged.inconclusive_messages(claim, measured)[0]
         assert "standard errors" in message and "quieter machine" in message
 
 
-@pytest.mark.parametrize(("found", "verdict"), [(True, SHAPE_HOLDS), (False, registry.INCONCLUSIVE), (None, DEVIATES)])
-def test_a_searched_existence_not_found_is_inconclusive_and_a_missing_one_fails(found, verdict):
+@pytest.mark.parametrize(("found", "expected"), [(True, SHAPE_HOLDS), (False, registry.INCONCLUSIVE), (None, DEVIATES)])
+def test_a_searched_existence_not_found_is_inconclusive_and_a_missing_one_fails(found, expected):
     claim = registry.parse(_NOISY)["N"]
     measured = {"speedup": 4.0, "speedup_se": 0.1, "found": found, "rows": 1, "searched_up_to": 512}
-    judged = registry.judge(claim, measured, "twin")
-    assert judged.verdict == verdict
-    if verdict == registry.INCONCLUSIVE:
+    judged = verdicts.judge(claim, measured, "twin")
+    assert judged.verdict == expected
+    if expected == registry.INCONCLUSIVE:
         assert "searched_up_to = 512" in judged.inconclusive_messages(claim, measured)[0]
 
 
 def test_inconclusive_never_hides_a_decided_failure():
     claim = registry.parse(_NOISY)["N"]
-    assert registry.judge(claim, {"speedup": 2.1, "speedup_se": 1.0, "found": False, "rows": 4}, "twin").verdict == DEVIATES
+    assert verdicts.judge(claim, {"speedup": 2.1, "speedup_se": 1.0, "found": False, "rows": 4}, "twin").verdict == DEVIATES
 
 
 def test_a_perturbed_noisy_check_fails_beyond_its_noise():
     """--perturb moves a noisy bound beyond three standard errors: it proves the comparator even for a noisy value."""
     claim = registry.parse(_NOISY)["N"]
     measured = {"speedup": 2.5, "speedup_se": 5.0, "found": True, "rows": 1}
-    assert registry.judge(registry.perturb(claim, measured), measured, "twin").verdict == DEVIATES
+    assert verdicts.judge(verdicts.perturb(claim, measured), measured, "twin").verdict == DEVIATES
 
 
 _FOUND = (
@@ -341,15 +341,15 @@ _FOUND = (
 )
 
 
-@pytest.mark.parametrize(("measured", "verdict"), [
+@pytest.mark.parametrize(("measured", "expected"), [
     ({"found": True, "gain": 1.9, "gain_se": 0.05}, SHAPE_HOLDS),
     ({"found": True, "gain": 1.2, "gain_se": 0.05}, DEVIATES),  # found, and what was found fails beyond its noise
     ({"found": False, "gain": float("nan"), "gain_se": float("inf")}, registry.INCONCLUSIVE),  # nothing found: nothing to judge
 ])
-def test_a_check_on_what_was_searched_for_is_judged_only_where_it_was_found(measured, verdict):
+def test_a_check_on_what_was_searched_for_is_judged_only_where_it_was_found(measured, expected):
     claim = registry.parse(_FOUND)["F"]
-    judged = registry.judge(claim, {**measured, "rows": 1, "searched_up_to": 512}, "twin")
-    assert judged.verdict == verdict
+    judged = verdicts.judge(claim, {**measured, "rows": 1, "searched_up_to": 512}, "twin")
+    assert judged.verdict == expected
     assert next(o for o in judged.outcomes if o.check.q == "gain").asserted == measured["found"]
 
 
@@ -387,13 +387,13 @@ _PREMISE = (
 def test_a_premise_this_device_cannot_measure_is_inconclusive_with_its_reason(pairs, premise, verdict):
     claim = registry.parse(_PREMISE)["P"]
     measured = {"pairs": pairs, **({"premise": premise} if premise is not None else {}), "premise_why": "the kernel is faster at 2 rows than at 1"}
-    judged = registry.judge(claim, measured, "twin")
+    judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == verdict
     if verdict == registry.INCONCLUSIVE:
         assert "cannot measure it: the kernel is faster at 2 rows than at 1" in judged.inconclusive_messages(claim, measured)[0]
-    perturbed = registry.perturb(claim, measured)  # --perturb proves the comparator: never inconclusive there
+    perturbed = verdicts.perturb(claim, measured)  # --perturb proves the comparator: never inconclusive there
     if premise is not None:
-        assert registry.judge(perturbed, measured, "twin").verdict == DEVIATES
+        assert verdicts.judge(perturbed, measured, "twin").verdict == DEVIATES
 
 
 _GATED = (
@@ -413,6 +413,6 @@ _GATED = (
 def test_a_check_gated_by_a_premise_is_asserted_only_where_the_premise_holds(premise, speedup, over, verdict):
     claim = registry.parse(_GATED)["G"]
     measured = {"premise": premise, "premise_why": "the kernels are bound by their arithmetic", "speedup": speedup, "speedup_se": 0.05, "over": over}
-    judged = registry.judge(claim, measured, "twin")
+    judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == verdict
     assert next(o for o in judged.outcomes if o.check.q == "speedup").asserted == premise

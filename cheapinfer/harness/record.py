@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from . import registry
+from . import registry, verdict
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 
 
@@ -72,12 +72,12 @@ class Recorder:
         self.versions = versions
         self.started = time.time()
 
-    def verify(self, claim_id: str, profile: str, device: str, measured: dict[str, Any], **extra: Any) -> tuple[Result, registry.Judgement]:
+    def verify(self, claim_id: str, profile: str, device: str, measured: dict[str, Any], **extra: Any) -> tuple[Result, verdict.Judgement]:
         claim = registry.get(claim_id)
         measured = jsonable(measured)
         if claim_id in self.perturb:
-            claim = registry.perturb(claim, measured)
-        judged = registry.judge(claim, measured, profile, device, self.versions)
+            claim = verdict.perturb(claim, measured)
+        judged = verdict.judge(claim, measured, profile, device, self.versions)
         result = Result(
             claim=claim_id,
             profile=profile,
