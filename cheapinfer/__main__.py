@@ -72,7 +72,7 @@ def _verify(argv: list[str]) -> int:
         p.error("--quiet-record goes with --stress")
     if args.isa_matrix and args.device not in ("auto", "cpu"):
         p.error(f"--isa-matrix caps the CPU's kernels: it runs on the CPU, not --device {args.device}")
-    from .harness import report
+    from .harness import report, tables
     from .runtime.device import DeviceUnavailable, pick
 
     try:
@@ -114,7 +114,7 @@ def _verify(argv: list[str]) -> int:
               "were not replaced", file=sys.stderr)
         return code
     if mine:
-        print("\n".join(["", *report.summary_table(report.load(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
+        print("\n".join(["", *tables.summary_table(report.load(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 
@@ -122,7 +122,7 @@ def _verify(argv: list[str]) -> int:
 def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
     """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.harness.matrix`."""
     from .harness import matrix, report
-    from .harness.compare import RecordError, check_record
+    from .harness.schema import RecordError, check_record
 
     if args.isa_matrix:
         try:
@@ -223,7 +223,7 @@ def _fetch(argv: list[str]) -> int:
 _DELEGATED = {
     "budget": "cheapinfer.chapter.budget",
     "compare": "cheapinfer.harness.compare",
-    "merge": "cheapinfer.harness.compare",
+    "merge": "cheapinfer.harness.merge",
     "faults": "cheapinfer.faults.runner",
     "engine": "cheapinfer.reference.engine",
 }

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from cheapinfer import __main__ as cli
-from cheapinfer.harness import compare as cmp, report
+from cheapinfer.harness import compare as cmp, report, merge
 from cheapinfer.harness.record import Recorder
 from harness import python_m
 
@@ -159,7 +159,7 @@ def test_merge_makes_a_claim_by_machine_matrix(tmp_path, capsys):
 def test_merge_json(tmp_path):
     paths = [save(built(), tmp_path / "a"), str(RECORD)]
     out = tmp_path / "matrix.json"
-    assert cmp.merge_cli([*map(str, paths), "--json", "-o", str(out)]) == 0
+    assert merge.merge_cli([*map(str, paths), "--json", "-o", str(out)]) == 0
     matrix = json.loads(out.read_text(encoding="utf-8"))
     labels = [m["label"] for m in matrix["machines"]]
     assert len(labels) == 2 and labels[1].startswith("Example GPU 8 GB")
@@ -210,7 +210,7 @@ def test_a_printed_bound_moves_like_a_shape_bound():
     """A digits check of form `bound` (a printed "more than ten times") is compared against its bound with the band."""
     claim = {"book": {"r": 10.0}, "checks": [{"q": "r", "kind": "digits", "form": "bound", "op": ">", "tol": 0.0}]}
     assert cmp._tolerance("r", claim, 0.25) == ("rel", 0.25)
-    assert cmp._shape_bound("r", claim) == (">", 10.0)
+    assert cmp.shape_bound("r", claim) == (">", 10.0)
 
 
 def _with_se(speedup: float, se: float) -> dict:

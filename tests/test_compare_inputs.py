@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import compare as cmp, registry, report
+from cheapinfer.harness import compare as cmp, registry, report, merge, schema
 from harness import python_m
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
@@ -132,15 +132,15 @@ def test_a_verdict_added_to_the_registry_is_read_without_another_change(monkeypa
     rec = _record()
     next(iter(rec["claims"].values()))["verdict"] = "inconclusive"
     if "inconclusive" not in registry.VERDICTS:
-        with pytest.raises(cmp.RecordError, match="not 'inconclusive'"):
-            cmp.check_record(rec)
+        with pytest.raises(schema.RecordError, match="not 'inconclusive'"):
+            schema.check_record(rec)
         monkeypatch.setattr(registry, "VERDICTS", (*registry.VERDICTS, "inconclusive"))
-    cmp.check_record(rec)
+    schema.check_record(rec)
 
 
 def test_a_huge_value_compares_without_an_overflow():
     """Value handling never raises on an integer beyond a float, even where check_record is not asked first."""
-    assert cmp._number(10**400) is None
+    assert schema.as_float(10**400) is None
     assert cmp._moved(10**400, 10**400 + 1, "rel", 0.25) and not cmp._moved(10**400, 10**400, "abs", 1.0)
 
 
@@ -162,7 +162,7 @@ def test_a_claim_that_vanished_is_a_regression_and_a_new_one_is_not(tmp_path, ca
 @pytest.mark.parametrize("kind", ["claims-a-list", "result-without-profile", "check-without-asserted", "another-suite", "unknown-result-verdict", "huge-measured"])
 def test_merge_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path, capsys):
     bad = _write(_broken(kind), tmp_path / "run.json")
-    line = _exit_2([str(RECORD), str(bad)], cmp.merge_cli, capsys)
+    line = _exit_2([str(RECORD), str(bad)], merge.merge_cli, capsys)
     assert str(bad) in line
 
 
@@ -179,7 +179,7 @@ def test_merge_refuses_to_overwrite_one_of_its_records(tmp_path, capsys):
     rec.write_bytes(RECORD.read_bytes())
     for target in (rec, rec.parent):  # the file, or the report directory holding it: its run.json
         out = target if target.is_file() else target / "run.json"
-        line = _exit_2([str(RECORD), str(target), "-o", str(out)], cmp.merge_cli, capsys)
+        line = _exit_2([str(RECORD), str(target), "-o", str(out)], merge.merge_cli, capsys)
         assert "one of the records being merged" in line and "--force" in line
     assert rec.read_bytes() == RECORD.read_bytes()
 
@@ -189,12 +189,12 @@ def test_merge_refuses_to_overwrite_a_file_it_did_not_write_unless_forced(name, 
     other = tmp_path / name
     other.write_text("" if name == "empty.md" else "# Claims x machines\nkeep me\n")
     kept = other.read_text()
-    line = _exit_2([str(RECORD), "-o", str(other)], cmp.merge_cli, capsys)
+    line = _exit_2([str(RECORD), "-o", str(other)], merge.merge_cli, capsys)
     assert line == (f"cheapinfer merge: error: -o {other}: it exists and is not a Markdown matrix written by merge "
                     "(its first line is not the matrix's mark); nothing was written (pass --force to overwrite it)")
     assert other.read_text() == kept
-    assert cmp.merge_cli([str(RECORD), "-o", str(other), "--force"]) == 0
-    assert other.read_text().splitlines()[:2] == [cmp.MATRIX_MARK, "# Claims x machines"]
+    assert merge.merge_cli([str(RECORD), "-o", str(other), "--force"]) == 0
+    assert other.read_text().splitlines()[:2] == [merge.MATRIX_MARK, "# Claims x machines"]
 
 
 def test_merge_over_a_readme_through_the_command_line_is_one_line_and_exit_2(tmp_path):
@@ -209,8 +209,8 @@ def test_merge_over_a_readme_through_the_command_line_is_one_line_and_exit_2(tmp
 def test_merge_overwrites_its_own_earlier_output(tmp_path):
     md, js = tmp_path / "matrix.md", tmp_path / "matrix.json"
     for _ in range(2):
-        assert cmp.merge_cli([str(RECORD), "-o", str(md)]) == 0
-        assert cmp.merge_cli([str(RECORD), "--json", "-o", str(js)]) == 0
+        assert merge.merge_cli([str(RECORD), "-o", str(md)]) == 0
+        assert merge.merge_cli([str(RECORD), "--json", "-o", str(js)]) == 0
     assert json.loads(js.read_text())["machines"]
 
 

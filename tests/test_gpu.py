@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cheapinfer.harness import compare as cmp, registry
+from cheapinfer.harness import merge, registry
 from cheapinfer.chapter import crosscheck, quant
 from cheapinfer.runtime import profiles, rounding
 from test_inputs import _pytest  # pytest puts tests/ on the path
@@ -96,9 +96,9 @@ def test_merge_labels_two_gpus_apart():
         rec = copy.deepcopy(record)
         rec["environment"] |= {"gpu": gpu, "driver": "570.0", "cuda": "12.8"}
         records.append(rec)
-    labels = [m["label"] for m in cmp.merge(records, ["a", "b"])["machines"]]
+    labels = [m["label"] for m in merge.merge(records, ["a", "b"])["machines"]]
     assert labels[0].startswith("NVIDIA H200 (") and labels[1].startswith("NVIDIA A100-SXM4-80GB (")
-    text = cmp.merge_markdown(records, ["a", "b"])
+    text = merge.merge_markdown(records, ["a", "b"])
     assert all(label in text for label in labels)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.runtime import device as devices
-from cheapinfer.harness import registry, report
+from cheapinfer.harness import registry, report, errata
 from cheapinfer.harness.record import Recorder
 from cheapinfer.harness.registry import DEVIATES, VERDICTS
 
@@ -82,17 +82,17 @@ def test_report_has_a_compact_table_per_section_and_links_its_plots(fixed_record
 
 
 def test_a_deviating_claim_says_what_was_measured_how_and_what_to_conclude(fixed_record):
-    errata = report.candidate_errata(fixed_record)
+    candidates = errata.candidate_errata(fixed_record)
     deviating = {cid for cid, c in fixed_record["claims"].items() if c["verdict"] == DEVIATES}
-    assert {e["claim"] for e in errata} == deviating
-    for e in errata:
+    assert {e["claim"] for e in candidates} == deviating
+    for e in candidates:
         assert e["failures"] and all(f["measured"] is not None and f["expected"] for f in e["failures"])
         assert e["test"] and e["profile"] and e["device"]
         assert e["conclusion"]
-    assert [e["perturbed"] for e in errata] == sorted(e["perturbed"] for e in errata), "real candidates come before perturbed ones"
+    assert [e["perturbed"] for e in candidates] == sorted(e["perturbed"] for e in candidates), "real candidates come before perturbed ones"
     md = report.markdown(fixed_record)
     section = md.split("## Candidate errata", 1)[1].split("\n## ", 1)[0]
-    for e in errata:
+    for e in candidates:
         assert f"### {e['claim']} on {e['profile']}" in section
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import report
+from cheapinfer.harness import report, tables
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     kept = list((tmp_path / "out" / report.RUNS_DIR).glob("*.json"))
     assert len(kept) == 1 and f"Run record: {kept[0]}" in run.stdout
-    summary = report.summary_table(report.load(kept[0]))
+    summary = tables.summary_table(report.load(kept[0]))
     assert "\n".join(summary) in run.stdout
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, ContextManager
 
 from .. import CHECKOUT
 from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
-from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, RESULT_NAME, SWEEP
+from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, RESULT_NAME, SWEEP, is_harness_error
 from ..runtime.cli import Terminated, terminate
 from .core import FAULTS, Fault
 
@@ -202,7 +202,7 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
     """
     from ..harness import report
-    from ..harness.registry import DEVIATES, NOT_RUN
+    from ..harness.registry import DEVIATES
 
     root = CHECKOUT
     outdir.mkdir(parents=True, exist_ok=True)
@@ -224,8 +224,8 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
         results = [r for r in claim.get("results", []) if r.get("test")]  # the placeholder of an unselected test has none
         if any(r["verdict"] == DEVIATES for r in results):
             out[cid] = RED
-        elif any(r["verdict"] == NOT_RUN and str(r.get("reason", "")).startswith("error before a verdict") for r in results):
-            out[cid] = "error: " + next(r["reason"] for r in results if r["verdict"] == NOT_RUN)
+        elif any(is_harness_error(r) for r in results):
+            out[cid] = "error: " + next(r["reason"] for r in results if is_harness_error(r))
         elif not results and stop:
             out[cid] = NOT_REACHED
         else:
@@ -355,7 +355,7 @@ def last_run(report_dir: Path) -> dict[str, Any] | None:
 
 def table(result: dict[str, Any]) -> list[str]:
     """The fault x claim table (Markdown): for each fault and target claim, red in k of n runs."""
-    from ..harness.report import markdown_table
+    from ..harness.tables import markdown_table
 
     n = result["runs"]
     rows = []

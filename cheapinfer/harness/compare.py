@@ -1,4 +1,5 @@
-"""Run records side by side: ``compare`` two of them, ``merge`` several into a claim x machine matrix.
+"""Two run records side by side: ``python -m cheapinfer compare`` (``merge`` puts several into a matrix:
+:mod:`cheapinfer.harness.merge`).
 
 ``python -m cheapinfer compare BEFORE AFTER`` takes two run records (``run.json`` files or the report
 directories holding them), e.g. the pinned libraries and the newest ones (``tox -e latest``), or two
@@ -25,11 +26,6 @@ changed. Exit status: 0 no regression, 1 regression (harness errors of a passing
 error or a record that cannot be read or is ill-formed (one line): not JSON, another suite's record or a
 schema this version does not read, a verdict it does not know (``registry.VERDICTS``), or a value it cannot
 read (an integer beyond the range of a float, text that is not Unicode).
-
-``python -m cheapinfer merge A B C ...`` puts several run records into one claim x machine matrix
-(Markdown; ``--json`` for JSON), each machine labelled by its GPU (or CPU) name and the versions of
-torch, transformers and bitsandbytes. ``-o FILE`` overwrites only a matrix ``merge`` wrote earlier (the
-Markdown matrix begins with :data:`MATRIX_MARK`), never one of the records or any other file, unless ``--force``.
 """
 
 from __future__ import annotations
@@ -45,22 +41,16 @@ from typing import Any
 
 from . import registry
 from ..runtime.cli import Parser
-from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
-from .report import KEY_ENVIRONMENT, RECORD_NAME, SCHEMA, load, machine_label, markdown_table
+from .record import ERROR_REASON, is_harness_error
+from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
+from .report import KEY_ENVIRONMENT, load
+from .tables import machine_label
+from . import schema
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
 BAND = 0.25
-#: Verdicts of a passing test; a confirmed erratum passes (its digits fail as documented).
-_PASSING = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
-#: Verdicts from which a change to *deviates* (or a harness error) is a regression: a passing one, or one that
-#: could not decide (a measurement that now decides red was not red before).
-_BREAKABLE = (*_PASSING, INCONCLUSIVE)
-#: How the plugin words the reason of a claim whose test raised before a verdict (an error, not a skip).
-ERROR_REASON = "error before a verdict"
 #: ``Change.what`` of a claim that one of the records lacks: vanished from AFTER (a regression), or new in it.
 CLAIM = "claim"
-#: The record schemas this version reads.
-SCHEMAS = (SCHEMA,)
 
 
 @dataclass
@@ -84,22 +74,12 @@ class Change:
         elif self.what == "verdict":
             body = f"verdict: {self.before} -> {self.after}" + (f" ({self.reason})" if self.reason else "")
         else:
-            body = f"{self.what}: {_v(self.before)} -> {_v(self.after)} (moved beyond {self.tolerance}" + (f"; {self.reason})" if self.reason else ")")
+            body = f"{self.what}: {short_value(self.before)} -> {short_value(self.after)} (moved beyond {self.tolerance}" + (f"; {self.reason})" if self.reason else ")")
         return f"{tag:<11} {self.claim} [{self.profile}] {body}"
 
 
-def _v(value: Any) -> str:
+def short_value(value: Any) -> str:
     return fmt(value) if not isinstance(value, (dict, list)) else json.dumps(value)
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a float, or None when it is no number (or an integer beyond the range of a float)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return None
 
 
 def _by_profile(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -119,7 +99,7 @@ def _unselected(results: dict[tuple[str, int], dict[str, Any]]) -> bool:
 
 def _errored(result: dict[str, Any] | None) -> bool:
     """A result that is *not run* because its test failed before a verdict (not because it was skipped)."""
-    return bool(result) and str(result.get("reason", "")).startswith(ERROR_REASON)
+    return bool(result) and is_harness_error(result)
 
 
 def _tolerance(q: str, claim: dict[str, Any], band: float) -> tuple[str, Any]:
@@ -132,10 +112,10 @@ def _tolerance(q: str, claim: dict[str, Any], band: float) -> tuple[str, Any]:
         if spec["q"] == q and spec["kind"] == "digits":
             if spec["form"] in ("exact", "one_of"):
                 return "exact", 0
-            if spec["form"] == "bound":  # a printed bound: judged like a shape bound (see _shape_bound)
+            if spec["form"] == "bound":  # a printed bound: judged like a shape bound (see shape_bound)
                 return "rel", band
             if spec["form"] == "rel":
-                book = _number(claim.get("book", {}).get(q))
+                book = schema.as_float(claim.get("book", {}).get(q))
                 if book is not None:
                     return "abs", spec["tol"] * abs(book)
                 return "rel", spec["tol"]
@@ -144,7 +124,7 @@ def _tolerance(q: str, claim: dict[str, Any], band: float) -> tuple[str, Any]:
 
 
 def _moved(before: Any, after: Any, form: str, width: float) -> bool:
-    a, b = _number(before), _number(after)
+    a, b = schema.as_float(before), schema.as_float(after)
     if a is None or b is None or form == "exact":
         return before != after
     if not (math.isfinite(a) and math.isfinite(b)):
@@ -154,15 +134,15 @@ def _moved(before: Any, after: Any, form: str, width: float) -> bool:
     return abs(b - a) > width * abs(a) if a != 0 else b != 0
 
 
-def _shape_bound(q: str, claim: dict[str, Any]) -> tuple[str, float] | None:
+def shape_bound(q: str, claim: dict[str, Any]) -> tuple[str, float] | None:
     """(op, bound) of the numeric shape check of ``q`` (or of its printed-bound digits check), if it has one."""
     for spec in claim.get("checks", []):
         if spec["q"] != q or spec.get("op") not in ("<", "<=", ">", ">="):
             continue
-        if spec["kind"] == "shape" and _number(spec.get("bound")) is not None:
-            return spec["op"], _number(spec["bound"])
-        if spec["kind"] == "digits" and spec.get("form") == "bound" and _number(claim.get("book", {}).get(q)) is not None:
-            return spec["op"], _number(claim["book"][q])
+        if spec["kind"] == "shape" and schema.as_float(spec.get("bound")) is not None:
+            return spec["op"], schema.as_float(spec["bound"])
+        if spec["kind"] == "digits" and spec.get("form") == "bound" and schema.as_float(claim.get("book", {}).get(q)) is not None:
+            return spec["op"], schema.as_float(claim["book"][q])
     return None
 
 
@@ -176,12 +156,12 @@ def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape
     two runs of one commit on a shared machine differ by their noise, and that is no regression."""
     from .registry import NOISE_SIGMAS
 
-    a, b = _number(before), _number(after)
+    a, b = schema.as_float(before), schema.as_float(after)
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
         return Change(cid, profile, q, before, after, "a finite number", asserted) if before != after else None
     if not _moved(a, b, "rel", band):
         return None
-    se_a, se_b = (_number(float(x)) if x in ("inf", "nan") else _number(x) for x in se)  # the record writes a non-finite error as text
+    se_a, se_b = (schema.as_float(float(x)) if x in ("inf", "nan") else schema.as_float(x) for x in se)  # the record writes a non-finite error as text
     noise = ""
     if se_a is not None and se_b is not None:
         combined = math.hypot(se_a, se_b)
@@ -238,7 +218,7 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
             vb = rb["verdict"] if rb else NO_TEST
             if va != vb:
                 broke = vb == DEVIATES or (vb == NOT_RUN and _errored(rb))
-                changes.append(Change(cid, key[0], "verdict", va, vb, "", va in _BREAKABLE and broke))
+                changes.append(Change(cid, key[0], "verdict", va, vb, "", va in BREAKABLE and broke))
             if not ra or not rb or NOT_RUN in (va, vb):
                 continue
             a_measured = {c["q"]: c["measured"] for c in ra.get("checks", [])}
@@ -251,8 +231,8 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
                     continue
                 done.add(q)
                 form, width = _tolerance(q, b_claim, band)
-                if form == "rel" and _shape_bound(q, b_claim) is not None:
-                    change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], _shape_bound(q, b_claim), band, chk.get("asserted", True),
+                if form == "rel" and shape_bound(q, b_claim) is not None:
+                    change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], shape_bound(q, b_claim), band, chk.get("asserted", True),
                                            (a_se.get(q), chk.get("se")))
                 elif _moved(a_measured[q], chk["measured"], form, width):
                     release = _release_bound(q, b_claim, before, after)
@@ -284,107 +264,22 @@ def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[s
     return [f"{k}: {ea.get(k, '-')} -> {eb.get(k, '-')}" for k in keys if ea.get(k) != eb.get(k)]
 
 
-class RecordError(ValueError):
-    """A run record that cannot be read or is not the shape this suite writes."""
-
-
-def _expect(cond: bool, where: str, what: str) -> None:
-    if not cond:
-        raise RecordError(f"{where}: expected {what}")
-
-
-def _name(key: str) -> str:
-    """A key of the record as it can be printed."""
-    try:
-        key.encode("utf-8")
-        return key
-    except UnicodeEncodeError:
-        return ascii(key)
-
-
-def _readable(record: Any) -> None:
-    """RecordError naming the first value no reader of the record can use: an integer beyond the range of a
-    float (it overflows every comparison), or text that is not Unicode (a lone surrogate: it cannot be printed)."""
-    stack: list[tuple[str, Any]] = [("", record)]
-    while stack:  # iterative: a deep record is judged here, not by the interpreter's recursion limit
-        where, value = stack.pop()
-        if isinstance(value, dict):
-            for k, v in value.items():
-                at = f"{where}.{_name(k)}" if where else _name(k)
-                stack += [(f"{at} (its name)", k), (at, v)]
-        elif isinstance(value, list):
-            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
-        elif isinstance(value, str) and _name(value) != value:
-            raise RecordError(f"{where or 'the record'}: text that is not Unicode ({_name(value)[:60]})")
-        elif isinstance(value, int) and not isinstance(value, bool) and _number(value) is None:
-            raise RecordError(f"{where or 'the record'}: an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits, beyond the range of a float")
-
-
-def check_record(record: Any) -> None:
-    """RecordError naming the first entry of ``record`` that is not what ``compare`` and ``merge`` read.
-
-    A run record of this suite (``suite`` "cheapinfer <version>") in a schema this version reads, with the
-    verdicts of ``registry.VERDICTS`` only, and only values that can be compared and printed.
-    """
-    _expect(isinstance(record, dict), "the record", "a JSON object")
-    suite = record.get("suite")
-    _expect(isinstance(suite, str) and suite.split(" ")[0] == "cheapinfer", "'suite'",
-            f"'cheapinfer <version>', not {suite!r}" if "suite" in record else "'cheapinfer <version>', and the record has none")
-    schema = record.get("schema")
-    _expect(type(schema) is int and schema in SCHEMAS, "'schema'",
-            f"{' or '.join(map(str, SCHEMAS))} (the schemas this version reads), not {schema!r}" if "schema" in record
-            else f"{' or '.join(map(str, SCHEMAS))}, and the record has none")
-    _readable(record)  # before any message quotes a claim ID
-    _expect(isinstance(record.get("claims"), dict), "'claims'", "an object of claims by ID")
-    for key in ("environment", "run"):
-        _expect(isinstance(record.get(key, {}), dict), f"'{key}'", "an object")
-    verdicts = registry.VERDICTS  # read now: a verdict added to the registry is known here at once
-    known = ", ".join(verdicts)
-    for cid, claim in record["claims"].items():
-        where = f"claim {cid}"
-        _expect(isinstance(claim, dict), where, "an object")
-        _expect(isinstance(claim.get("verdict"), str), f"{where}: 'verdict'", "a string")
-        _expect(claim["verdict"] in verdicts, f"{where}: 'verdict'", f"one of {known}, not {claim['verdict']!r}")
-        _expect(isinstance(claim.get("section"), str) and isinstance(claim.get("statement"), str), where, "a text 'section' and 'statement'")
-        _expect(isinstance(claim.get("book", {}), dict), f"{where}: 'book'", "an object")
-        _expect(isinstance(claim.get("checks", []), list), f"{where}: 'checks'", "a list")
-        for i, spec in enumerate(claim.get("checks", [])):
-            at = f"{where}: checks[{i}]"
-            _expect(isinstance(spec, dict) and isinstance(spec.get("q"), str) and spec.get("kind") in ("digits", "shape"), at, "an object with 'q' and 'kind' digits|shape")
-            if spec["kind"] == "digits":
-                _expect(spec.get("form") in ("exact", "rel", "abs", "bound", "one_of"), f"{at}: 'form'", "exact, rel, abs, bound or one_of")
-                _expect(spec["form"] == "exact" or (_number(spec.get("tol")) is not None), f"{at}: 'tol'", "a number")
-        _expect(isinstance(claim.get("results", []), list), f"{where}: 'results'", "a list")
-        for i, r in enumerate(claim.get("results", [])):
-            at = f"{where}: results[{i}]"
-            _expect(isinstance(r, dict) and isinstance(r.get("profile"), str) and isinstance(r.get("verdict"), str), at, "an object with a 'profile' and a 'verdict'")
-            _expect(r["verdict"] in verdicts, f"{at}: 'verdict'", f"one of {known}, not {r['verdict']!r}")
-            _expect(isinstance(r.get("reason", ""), str), f"{at}: 'reason'", "a string")
-            _expect(isinstance(r.get("checks", []), list), f"{at}: 'checks'", "a list")
-            for j, chk in enumerate(r.get("checks", [])):
-                _expect(
-                    isinstance(chk, dict) and isinstance(chk.get("q"), str) and "measured" in chk
-                    and isinstance(chk.get("asserted"), bool) and isinstance(chk.get("passed"), bool),
-                    f"{at}: checks[{j}]", "an object with 'q', 'measured', and true/false 'asserted' and 'passed'",
-                )
-
-
-def _fail(prog: str, message: str) -> None:
+def usage_error(prog: str, message: str) -> None:
     """One line on standard error, exit status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def _load(prog: str, path: Path) -> dict[str, Any]:
+def read_record(prog: str, path: Path) -> dict[str, Any]:
     """A run record, read and checked; anything else is one line and exit status 2."""
     try:
         record = load(path)
-        check_record(record)
-    except RecordError as exc:
-        _fail(prog, f"{path} is not a well-formed run record of this suite: {exc}")
+        schema.check_record(record)
+    except schema.RecordError as exc:
+        usage_error(prog, f"{path} is not a well-formed run record of this suite: {exc}")
     except (OSError, ValueError, RecursionError) as exc:  # missing, unreadable, not UTF-8, not JSON
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        _fail(prog, f"no readable run record at {path} (give a run.json, or the report directory holding it): {reason}")
+        usage_error(prog, f"no readable run record at {path} (give a run.json, or the report directory holding it): {reason}")
     return record
 
 
@@ -426,11 +321,11 @@ def compare_cli(argv: list[str]) -> int:
     p.add_argument("--verdicts-only", action="store_true", help="a value that moved is printed but is not a regression; only verdicts decide the exit status")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     args = p.parse_args(argv)
-    before, after = _load(p.prog, args.before), _load(p.prog, args.after)
+    before, after = read_record(p.prog, args.before), read_record(p.prog, args.after)
     try:
         changes = annotate(compare(before, after, args.band), after)
     except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:  # a shape check_record does not cover
-        _fail(p.prog, f"{args.before} or {args.after} is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
+        usage_error(p.prog, f"{args.before} or {args.after} is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
     if args.verdicts_only:
         for c in changes:
             c.regression = c.regression and c.what in ("verdict", CLAIM)
@@ -453,143 +348,3 @@ def compare_cli(argv: list[str]) -> int:
         print(f"{n} claims compared: {len(claimed)} regression(s), {len(others)} other change(s), "
               f"{len(harness)} harness error(s) (a test raised before its verdict: the suite or a library broke, not the claim).")
     return 1 if regressions else 0
-
-
-# ----------------------------------------------------------------------------------------------
-# merge
-# ----------------------------------------------------------------------------------------------
-
-
-def _labels(records: list[dict[str, Any]]) -> list[str]:
-    labels: list[str] = []
-    for rec in records:
-        base = machine_label(rec.get("environment", {}))
-        label, n = base, 1
-        while label in labels:
-            n += 1
-            label = f"{base} #{n}"
-        labels.append(label)
-    return labels
-
-
-def _cell(claim: dict[str, Any] | None) -> str:
-    """Overall verdict, then for each profile that ran its first failed check, else its first asserted one."""
-    if claim is None:
-        return "—"
-    verdict = claim["verdict"]
-    parts = []
-    for r in claim.get("results", []):
-        checks = [c for c in r.get("checks", []) if c["asserted"]]
-        if r["verdict"] != NOT_RUN and checks:
-            shown = next((c for c in checks if not c["passed"]), checks[0])
-            parts.append(f"{r['profile']}: {shown['q']} {_v(shown['measured'])}")
-    text = f"**{verdict}**" if verdict == DEVIATES else verdict
-    return text + (" (" + "; ".join(parts) + ")" if parts else "")
-
-
-def merge(records: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
-    """Several run records as one claim x machine matrix (JSON-ready)."""
-    labels = _labels(records)
-    machines = [
-        {"label": label, "source": src, "created": rec.get("created", ""), "device": rec.get("run", {}).get("device", ""), "environment": rec.get("environment", {})}
-        for label, rec, src in zip(labels, records, sources)
-    ]
-    ids: list[str] = []
-    for rec in records:
-        ids += [cid for cid in rec["claims"] if cid not in ids]
-    claims = {}
-    for cid in ids:
-        first = next(rec["claims"][cid] for rec in records if cid in rec["claims"])
-        claims[cid] = {
-            "section": first["section"],
-            "statement": first["statement"],
-            "book": first.get("book", {}),
-            "machines": {
-                label: (
-                    {"verdict": rec["claims"][cid]["verdict"], "results": [
-                        {k: r.get(k) for k in ("profile", "device", "verdict", "measured", "reason")} for r in rec["claims"][cid].get("results", [])
-                    ]}
-                    if cid in rec["claims"] else None
-                )
-                for label, rec in zip(labels, records)
-            },
-        }
-    summary = {label: dict(Counter(c["verdict"] for c in rec["claims"].values())) for label, rec in zip(labels, records)}
-    return {"machines": machines, "summary": summary, "claims": claims}
-
-
-#: The first line of every Markdown matrix: ``merge -o`` overwrites a Markdown file only when it begins with it.
-MATRIX_MARK = "<!-- claims x machines matrix, written by python -m cheapinfer merge -->"
-
-
-def merge_markdown(records: list[dict[str, Any]], sources: list[str]) -> str:
-    matrix = merge(records, sources)
-    labels = [m["label"] for m in matrix["machines"]]
-    lines = [MATRIX_MARK, "# Claims x machines", "", "## Machines", ""]
-    lines += markdown_table(
-        ["machine", "device", *KEY_ENVIRONMENT, "created", "record"],
-        [[m["label"], m["device"], *(m["environment"].get(k, "?") for k in KEY_ENVIRONMENT), m["created"], m["source"]] for m in matrix["machines"]],
-    )
-    lines += ["", "## Summary", ""]
-    lines += markdown_table(["verdict", *labels], [[v, *(matrix["summary"][label].get(v, 0) for label in labels)] for v in VERDICTS])
-    lines += ["", "## Claims", ""]
-    rows = []
-    for cid in matrix["claims"]:
-        rows.append([cid, *(_cell(rec["claims"].get(cid)) for rec in records)])
-    lines += markdown_table(["claim", *labels], rows)
-    lines.append("")
-    return "\n".join(lines)
-
-
-def merge_cli(argv: list[str]) -> int:
-    p = Parser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
-    p.add_argument("records", nargs="+", type=Path, help="run.json files, or the report directories holding them")
-    p.add_argument("--json", action="store_true", help="write JSON instead of Markdown")
-    p.add_argument("-o", "--output", type=Path, help="write to this file instead of standard output")
-    p.add_argument("--force", action="store_true", help="overwrite the output even if it is one of the records or not a previous matrix")
-    args = p.parse_args(argv)
-    if args.output and not args.force:
-        refusal = _overwrite_refusal(args.output, args.records, args.json)
-        if refusal:
-            _fail(p.prog, f"-o {args.output}: {refusal}; nothing was written (pass --force to overwrite it)")
-    records = [_load(p.prog, path) for path in args.records]
-    sources = [str(path) for path in args.records]
-    try:
-        text = json.dumps(merge(records, sources), indent=1, default=str) + "\n" if args.json else merge_markdown(records, sources)
-    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:  # a shape check_record does not cover
-        _fail(p.prog, f"a record is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
-    if args.output:
-        try:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            _fail(p.prog, f"-o {args.output}: cannot write it ({exc.strerror or exc})")
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def _overwrite_refusal(output: Path, records: list[Path], as_json: bool) -> str | None:
-    """Why writing the matrix to ``output`` would destroy something: one of the input records, or a file of another kind."""
-    if output.is_dir():
-        return "it is a directory"
-    if not output.exists():
-        return None
-    inputs = {(r / RECORD_NAME if r.is_dir() else r).resolve() for r in records}
-    if output.resolve() in inputs:
-        return "it is one of the records being merged"
-    try:
-        text = output.read_text(encoding="utf-8")
-    except (OSError, ValueError):
-        text = None
-    if not as_json:
-        if text is not None and text.split("\n", 1)[0] == MATRIX_MARK:
-            return None
-        return "it exists and is not a Markdown matrix written by merge (its first line is not the matrix's mark)"
-    try:
-        previous = json.loads(text) if text is not None else None
-    except ValueError:
-        previous = None
-    if isinstance(previous, dict) and {"machines", "summary", "claims"} <= set(previous):
-        return None
-    return "it exists and is not a matrix written by merge --json"

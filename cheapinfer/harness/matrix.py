@@ -41,14 +41,15 @@ from typing import Any, Callable, Iterator
 
 from .. import CHECKOUT
 from . import registry
-from .compare import _BREAKABLE, _PASSING, ERROR_REASON, _shape_bound, check_record, compare, environment_changes
+from .schema import check_record
+from .compare import compare, environment_changes, shape_bound
+from .record import is_harness_error
 from ..runtime.cli import Terminated, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
-from .report import RUN_ID_VARIABLE, atomic_write, load, machine_label, markdown_table, new_run_id, own_record
+from .report import RUN_ID_VARIABLE, atomic_write, load, new_run_id, own_record
+from .tables import machine_label, markdown_table
 
 ROOT = CHECKOUT
-#: Verdicts under which a claim's test passes (CI stays green): compare's own.
-GREEN = _PASSING
 
 # ----------------------------------------------------------------------------------------------
 # kernel families
@@ -296,7 +297,7 @@ def deciding(result: dict[str, Any], claim: dict[str, Any]) -> dict[str, Any] | 
         pick = [c for c in checks if c.get("documented")]
     else:
         def margin(c: dict[str, Any]) -> float:
-            shape, m = _shape_bound(c["q"], claim), _num(c.get("measured"))
+            shape, m = shape_bound(c["q"], claim), _num(c.get("measured"))
             if shape is None or m is None:
                 return float("inf")
             bound = shape[1]
@@ -311,7 +312,7 @@ def deciding(result: dict[str, Any], claim: dict[str, Any]) -> dict[str, Any] | 
 
 
 def _errored(result: dict[str, Any]) -> bool:
-    return result.get("verdict") == NOT_RUN and str(result.get("reason", "")).startswith(ERROR_REASON)
+    return is_harness_error(result)
 
 
 def cell(claim: dict[str, Any] | None) -> dict[str, Any]:
@@ -380,7 +381,7 @@ def flips(tab: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     *Inconclusive*, *not run* and *not available here* flip nothing: they decide nothing."""
     out = []
     for cid, row in tab.items():
-        green = {fam: c for fam, c in row.items() if c["verdict"] in GREEN}
+        green = {fam: c for fam, c in row.items() if c["verdict"] in registry.PASSING}
         red = {fam: c for fam, c in row.items() if c["verdict"] in (DEVIATES, "error")}
         if green and red:
             out.append({"claim": cid, "green": green, "red": red})
@@ -403,11 +404,11 @@ def moved(quiet: dict[str, Any], stressed: dict[str, Any], claims: list[str]) ->
     rows = []
     for cid in claims:
         q, s = cell(quiet["claims"].get(cid)), cell(stressed["claims"].get(cid))
-        if s["verdict"] in (DEVIATES, "error", "no record") and q["verdict"] in _BREAKABLE:
+        if s["verdict"] in (DEVIATES, "error", "no record") and q["verdict"] in registry.BREAKABLE:
             how = RED_UNDER_STRESS
         elif q["verdict"] == s["verdict"]:
             how = SAME
-        elif q["verdict"] in GREEN and s["verdict"] == INCONCLUSIVE:
+        elif q["verdict"] in registry.PASSING and s["verdict"] == INCONCLUSIVE:
             how = INCONCLUSIVE_UNDER_STRESS
         else:
             how = CHANGED

@@ -20,6 +20,18 @@ from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODU
 
 #: The fault record (``faults.json``): a target claim the fault turned red, one the sweep did not run
 #: (another claim had already caught the fault in that run), the file's name, and the two modes of a run.
+#: How a result that is *not run* because its test raised before a verdict (an error, not a skip) begins its
+#: reason; the result also says so in its ``harness_error`` field (records written before that field: the prefix).
+ERROR_REASON = "error before a verdict"
+
+
+def is_harness_error(result: dict[str, Any]) -> bool:
+    """A result that is *not run* because its test raised before a verdict, not because it was skipped."""
+    if result.get("verdict") != NOT_RUN:
+        return False
+    return bool(result.get("harness_error")) or str(result.get("reason", "")).startswith(ERROR_REASON)
+
+
 RED = "red"
 NOT_REACHED = "not reached"
 RESULT_NAME = "faults.json"
@@ -57,6 +69,7 @@ class Result:
     test: str = ""
     seconds: float = 0.0
     perturbed: bool = False
+    harness_error: bool = False  # not run because the test raised before a verdict (is_harness_error)
     load: dict[str, Any] = field(default_factory=dict)  # the machine's load around a clocked measurement (load average, CPU steal)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,8 +120,8 @@ class Recorder:
         self.results.append(result)
         return result, judged
 
-    def not_run(self, claim_id: str, profile: str, device: str, reason: str, test: str = "") -> Result:
-        result = Result(claim=claim_id, profile=profile, device=device, verdict=NOT_RUN, reason=reason, test=test)
+    def not_run(self, claim_id: str, profile: str, device: str, reason: str, test: str = "", harness_error: bool = False) -> Result:
+        result = Result(claim=claim_id, profile=profile, device=device, verdict=NOT_RUN, reason=reason, test=test, harness_error=harness_error)
         self.results.append(result)
         return result
 

@@ -76,6 +76,11 @@ NOT_RUN = "not run"
 NO_TEST = "no test yet"
 INCONCLUSIVE = "inconclusive"
 VERDICTS = (REPRODUCED, SHAPE_HOLDS, ERRATUM, INCONCLUSIVE, DEVIATES, NOT_RUN, NO_TEST)
+#: Verdicts of a passing test; a confirmed erratum passes (its digits fail as documented).
+PASSING = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
+#: Verdicts from which a change to *deviates* (or a harness error) is a regression: a passing one, or one that
+#: could not decide (a measurement that now decides red was not red before).
+BREAKABLE = (*PASSING, INCONCLUSIVE)
 #: A noisy check decides only where its margin to the bound is at least this many standard errors.
 NOISE_SIGMAS = 3.0
 NOISE_KINDS = ("rounds", "steps")

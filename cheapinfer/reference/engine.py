@@ -585,7 +585,7 @@ def _environment() -> dict[str, str]:
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
-    from ..harness.report import markdown_table
+    from ..harness.tables import markdown_table
 
     w, kv, px = result["workload"], result["kv_blocks"], result["prefix_cache"]
     lines = [

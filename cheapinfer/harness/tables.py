@@ -1,0 +1,81 @@
+"""Markdown building blocks of the reports: verdict badges, values, cells and tables, the summary table
+and a machine's label (used by the errata report, the matrix, ``compare``, ``merge`` and the fault runner).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from . import registry
+from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+
+
+BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "shape holds", ERRATUM: "erratum (confirmed)", INCONCLUSIVE: "inconclusive",
+          DEVIATES: "**DEVIATES**", NOT_RUN: "not run", NO_TEST: "no test yet"}
+
+
+def value_text(v: Any) -> str:
+    return fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v)
+
+
+def cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell(value_text(c)) for c in row) + " |" for row in rows]
+    return out
+
+
+def section_titles(record: dict[str, Any]) -> dict[str, str]:
+    """Section key -> title, from the record (older records without it: the registry's titles)."""
+    return record.get("sections") or dict(registry.SECTIONS)
+
+
+def summary_table(record: dict[str, Any]) -> list[str]:
+    counts: dict[str, Counter] = {}
+    for c in record["claims"].values():
+        counts.setdefault(c["section"], Counter())[c["verdict"]] += 1
+    rows = []
+    for key, title in section_titles(record).items():
+        if key in counts:
+            rows.append([title] + [counts[key].get(v, 0) for v in VERDICTS] + [sum(counts[key].values())])
+    total = Counter(c["verdict"] for c in record["claims"].values())
+    rows.append(["**all**"] + [total.get(v, 0) for v in VERDICTS] + [sum(total.values())])
+    return markdown_table(["section", *VERDICTS, "claims"], rows)
+
+
+def machine_label(env: dict[str, Any]) -> str:
+    """A run's machine in one line: GPU (or CPU) name and the library versions that decide verdicts."""
+    hw = env.get("gpu") if env.get("gpu") not in (None, "", "none") else env.get("cpu", "unknown CPU")
+    libs = ", ".join(f"{k} {env[k]}" for k in ("torch", "transformers", "bitsandbytes") if k in env)
+    return f"{hw} ({libs})" if libs else str(hw)
+
+
+def with_unit(value: Any, unit: str | None) -> str:
+    if not unit:
+        return value_text(value)
+    return f"{value_text(value)}{unit}" if unit in ("x", "%") else f"{value_text(value)} {unit}"
+
+
+def code_span(text: Any) -> str:
+    """Inline code that survives backticks inside ``text``."""
+    text = str(text)
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def printed_text(claim: dict[str, Any], key: str) -> str:
+    src = claim.get("source", {}).get(key)
+    if not src:
+        return ""
+    if src["kind"] == "derived":
+        return f"derived: {src['text']}"
+    return f'{"printed" if src["kind"] == "printed" else "read from"} "{src["text"]}"'
+
+
+def noise_words(chk: dict[str, Any]) -> str:
+    """How a noisy check's standard error was estimated, in words (a record without the kind: over the rounds)."""
+    return registry.NOISE_WORDS.get(chk.get("noise") or "rounds", "standard error")
