@@ -52,7 +52,7 @@ def _verify(argv: list[str]) -> int:
     checks.add_argument("--isa-matrix", action="store_true",
                         help="run the kernel-dependent claims under each CPU kernel family, one pytest run each (reports/isa/); exit 1 when a claim "
                              "is green in one family and deviates in another")
-    from .harness.matrix import FAMILIES
+    from .harness.families import FAMILIES
 
     checks.add_argument("--families", metavar="NAME,NAME", type=nonempty,
                         help=f"with --isa-matrix: these kernel families only (default: all of {', '.join(FAMILIES)})")
@@ -121,7 +121,7 @@ def _verify(argv: list[str]) -> int:
 
 def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
     """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.harness.matrix`."""
-    from .harness import matrix, report
+    from .harness import families as kernel_families, matrix, report, stress
     from .harness.schema import RecordError, check_record
 
     if args.isa_matrix:
@@ -129,10 +129,10 @@ def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
             claims = matrix.select(args.claims, matrix.isa_claims(), "kernel-dependent (measured on a model, or clocked)")
         except ValueError as exc:
             p.error(f"--claims: {exc}")
-        names = [n.strip() for n in (args.families or ",".join(matrix.FAMILIES)).split(",") if n.strip()]
-        unknown = [n for n in names if n not in matrix.FAMILIES]
+        names = [n.strip() for n in (args.families or ",".join(kernel_families.FAMILIES)).split(",") if n.strip()]
+        unknown = [n for n in names if n not in kernel_families.FAMILIES]
         if unknown or not names:
-            p.error(f"--families: no such kernel family: {', '.join(unknown) or '(none given)'} (families: {', '.join(matrix.FAMILIES)})")
+            p.error(f"--families: no such kernel family: {', '.join(unknown) or '(none given)'} (families: {', '.join(kernel_families.FAMILIES)})")
         out = report_dir / "isa"
     else:
         try:
@@ -145,7 +145,7 @@ def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
     except ValueError as exc:
         p.error(f"--report-dir: cannot write {out}: {exc}")
     if args.isa_matrix:
-        return matrix.isa_main(claims, [n for n in matrix.FAMILIES if n in names], out, command, _run_interruptibly)
+        return matrix.isa_main(claims, [n for n in kernel_families.FAMILIES if n in names], out, command, _run_interruptibly)
     quiet = None
     if args.quiet_record is not None:
         try:
@@ -158,7 +158,7 @@ def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
         lacking = [cid for cid in claims if not any(r.get("profile") != "-" for r in quiet["claims"].get(cid, {}).get("results", []))]
         if lacking:
             p.error(f"--quiet-record {args.quiet_record}: no result for {', '.join(lacking)} (run without --quiet-record, or restrict --claims)")
-    return matrix.stress_main(claims, args.stress, out, command, _run_interruptibly, quiet, str(args.quiet_record) if quiet else None)
+    return stress.stress_main(claims, args.stress, out, command, _run_interruptibly, quiet, str(args.quiet_record) if quiet else None)
 
 
 class _Interrupt(Exception):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import matrix, registry, report
+from cheapinfer.harness import matrix, registry, report, families as kernel_families, stress
 from cheapinfer.harness.record import Recorder
 from cheapinfer.runtime.cli import Terminated
 from harness import python_m
@@ -148,7 +148,7 @@ def test_inconclusive_quietly_and_red_under_stress_is_a_failure_too_and_red_to_g
 def test_the_load_of_a_run_is_read_from_its_results():
     span = matrix.load_span(record(load=BUSY_LOAD), CLAIMS)
     assert span == {"loadavg_1min": [4.1, 4.6], "steal_max": 0.02, "cpus": 2}
-    assert matrix._load_text(span) == "load average (1 min) 4.1 to 4.6 on 2 CPUs, CPU steal up to 2.0%"
+    assert matrix.load_text(span) == "load average (1 min) 4.1 to 4.6 on 2 CPUs, CPU steal up to 2.0%"
     assert matrix.load_span(record(), CLAIMS)["loadavg_1min"] is None
 
 
@@ -162,14 +162,14 @@ def test_the_stress_summary_names_each_claim_and_both_loads(tmp_path):
         report.keep(stressed, out)
         return 0, False
 
-    s = matrix.stress(CLAIMS, 1, tmp_path, lambda d, c: ["pytest", "--report-dir", str(d)], run, record(load=QUIET_LOAD), "quiet.json", echo=lambda _: None)
+    s = stress.stress(CLAIMS, 1, tmp_path, lambda d, c: ["pytest", "--report-dir", str(d)], run, record(load=QUIET_LOAD), "quiet.json", echo=lambda _: None)
     assert s["inconclusive_under_stress"] == ["KV-DECODE-FLAT"] and s["red_under_stress"] == []
-    text = "\n".join(matrix.stress_lines(s))
+    text = "\n".join(stress.stress_lines(s))
     assert "| KV-DECODE-FLAT | shape holds: step_ratio 1.05 ± 0.01 (< 1.25) [twin] | inconclusive: step_ratio 1.2 ± 0.1 (< 1.25) [twin] | inconclusive under stress |" in text
     assert "Quiet run: load average (1 min) 0.5 to 1.1 on 2 CPUs" in text and "Stressed run: load average (1 min) 4.1 to 4.6" in text
     assert "not quiet" not in text
     s["quiet"]["load"] = matrix.load_span(record(load=BUSY_LOAD), CLAIMS)
-    assert "WARNING: the quiet run was not quiet (load average up to 4.6 on 2 CPUs)" in "\n".join(matrix.stress_lines(s))
+    assert "WARNING: the quiet run was not quiet (load average up to 4.6 on 2 CPUs)" in "\n".join(stress.stress_lines(s))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,12 +187,12 @@ cheapinfer-probe {"aten": "AVX2", "machine": "x86_64", "has": {"onednn": true, "
 
 
 def test_the_probe_reads_each_librarys_own_words():
-    found = matrix.parse_probe(PROBE_AVX2)
+    found = kernel_families.parse_probe(PROBE_AVX2)
     assert found["onednn_isa"] == "Intel AVX2" and found["onednn_kernels"] == {"f32 inner_product": "brg_matmul:avx2"}
     assert found["mkl_isa"] == "Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors"
-    assert matrix.ran(found) == {"aten": "AVX2", "onednn": "AVX2", "mkl": "AVX2"}
+    assert kernel_families.ran(found) == {"aten": "AVX2", "onednn": "AVX2", "mkl": "AVX2"}
     with pytest.raises(ValueError):
-        matrix.parse_probe("Illegal instruction (core dumped)\n")
+        kernel_families.parse_probe("Illegal instruction (core dumped)\n")
 
 
 @pytest.mark.parametrize("text, level", [
@@ -203,51 +203,51 @@ def test_the_probe_reads_each_librarys_own_words():
     ("AVX512", "AVX-512"), ("AVX2", "AVX2"), ("DEFAULT", "scalar"), (None, None),
 ], ids=lambda v: str(v)[:24])
 def test_levels_are_read_from_oneDNN_MKL_and_ATen_words(text, level):
-    assert matrix.level(text) == level
+    assert kernel_families.level(text) == level
 
 
 def test_a_cap_that_did_nothing_is_reported_not_trusted():
-    avx2 = matrix.FAMILIES["avx2"]
-    assert matrix.cap_check(avx2, matrix.parse_probe(PROBE_AVX2))["in_effect"] is True
+    avx2 = kernel_families.FAMILIES["avx2"]
+    assert kernel_families.cap_check(avx2, kernel_families.parse_probe(PROBE_AVX2))["in_effect"] is True
     amx_mkl = PROBE_AVX2.replace("Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors",
                                  "Intel(R) Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8, BF16, FP16 (limited) "
                                  "instructions, and Intel(R) Advanced Matrix Extensions (Intel(R) AMX) with INT8 and BF16")
-    check = matrix.cap_check(avx2, matrix.parse_probe(amx_mkl))
+    check = kernel_families.cap_check(avx2, kernel_families.parse_probe(amx_mkl))
     assert check["in_effect"] is False and check["text"].startswith("cap NOT in effect (MKL ran AMX, not AVX2)")
     silent = "\n".join(line for line in PROBE_AVX2.splitlines() if not line.startswith("onednn"))
-    assert "oneDNN printed nothing to tell" in matrix.cap_check(avx2, matrix.parse_probe(silent))["text"]
-    run_aten = matrix.cap_check(avx2, matrix.parse_probe(PROBE_AVX2), {"cpu_capability": "AVX512"})
+    assert "oneDNN printed nothing to tell" in kernel_families.cap_check(avx2, kernel_families.parse_probe(silent))["text"]
+    run_aten = kernel_families.cap_check(avx2, kernel_families.parse_probe(PROBE_AVX2), {"cpu_capability": "AVX512"})
     assert run_aten["in_effect"] is False and "the claims run's ATen ran AVX-512, not AVX2" in run_aten["text"]
-    assert matrix.cap_check(matrix.FAMILIES["default"], matrix.parse_probe(PROBE_AVX2))["in_effect"] is None
+    assert kernel_families.cap_check(kernel_families.FAMILIES["default"], kernel_families.parse_probe(PROBE_AVX2))["in_effect"] is None
 
 
 def test_an_mkl_that_names_no_isa_capped_or_not_leaves_the_cap_untrusted_and_says_why():
     """MKL on an AMD CPU prints "Intel(R) Architecture processors" with and without MKL_ENABLE_INSTRUCTIONS."""
     generic = PROBE_AVX2.replace("Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors", "Intel(R) Architecture processors")
-    found = matrix.parse_probe(generic)
-    check = matrix.cap_check(matrix.FAMILIES["avx2"], found, own=found)
+    found = kernel_families.parse_probe(generic)
+    check = kernel_families.cap_check(kernel_families.FAMILIES["avx2"], found, own=found)
     assert check["in_effect"] is False
     assert "MKL names no ISA level on this CPU ('Intel(R) Architecture processors' (the same without a cap))" in check["text"]
 
 
 def test_a_family_this_cpu_lacks_is_not_available_here():
-    found = matrix.parse_probe(PROBE_AVX2)  # avx512_bf16: false
-    assert matrix.available(matrix.FAMILIES["avx512"], found) is None
-    assert matrix.available(matrix.FAMILIES["avx512-bf16"], found) == "this CPU lacks AVX-512 BF16"
-    assert matrix.available(matrix.FAMILIES["avx2"], {**found, "machine": "aarch64"}) == "not an x86 CPU (aarch64)"
-    assert matrix.available(matrix.FAMILIES["default"], {"error": "the probe failed"}) is None
+    found = kernel_families.parse_probe(PROBE_AVX2)  # avx512_bf16: false
+    assert kernel_families.available(kernel_families.FAMILIES["avx512"], found) is None
+    assert kernel_families.available(kernel_families.FAMILIES["avx512-bf16"], found) == "this CPU lacks AVX-512 BF16"
+    assert kernel_families.available(kernel_families.FAMILIES["avx2"], {**found, "machine": "aarch64"}) == "not an x86 CPU (aarch64)"
+    assert kernel_families.available(kernel_families.FAMILIES["default"], {"error": "the probe failed"}) is None
 
 
 def test_a_familys_environment_drops_the_callers_caps_and_verbose_switches():
     base = {"PATH": "/bin", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_VERBOSE": "1", "ATEN_CPU_CAPABILITY": "default"}
-    assert matrix.family_env(matrix.FAMILIES["default"], base) == {"PATH": "/bin"}
-    assert matrix.family_env(matrix.FAMILIES["avx512"], base) == {"PATH": "/bin", **matrix.FAMILIES["avx512"].caps}
+    assert kernel_families.family_env(kernel_families.FAMILIES["default"], base) == {"PATH": "/bin"}
+    assert kernel_families.family_env(kernel_families.FAMILIES["avx512"], base) == {"PATH": "/bin", **kernel_families.FAMILIES["avx512"].caps}
 
 
 def _fake_isa(monkeypatch, runs: dict[str, dict | None]):
     """isa_main's pieces made up: the probe reads PROBE_AVX2 (this "CPU" lacks AVX-512 BF16), and each family's claims
     run keeps the record ``runs`` gives it (None: it writes none)."""
-    monkeypatch.setattr(matrix, "probe", lambda env: matrix.parse_probe(PROBE_AVX2 if env.get("ATEN_CPU_CAPABILITY") == "avx2" else
+    monkeypatch.setattr(kernel_families, "probe", lambda env: kernel_families.parse_probe(PROBE_AVX2 if env.get("ATEN_CPU_CAPABILITY") == "avx2" else
                                                                         PROBE_AVX2.replace('"aten": "AVX2"', '"aten": "AVX512"')))
 
     def run(cmd, env):
@@ -315,25 +315,25 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_busy_processes_run_during_the_block_and_are_gone_after_it_also_after_an_error():
-    with matrix.busy(2) as pids:
+    with stress.busy(2) as pids:
         assert len(pids) == 2 and all(_alive(p) for p in pids)
     assert not any(_alive(p) for p in pids)
     with pytest.raises(KeyboardInterrupt):
-        with matrix.busy(1) as pids:
+        with stress.busy(1) as pids:
             raise KeyboardInterrupt
     assert not _alive(pids[0])
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_a_busy_process_ends_at_its_deadline_and_when_its_parent_is_gone():
-    with matrix.busy(1, seconds=0.5) as pids:
+    with stress.busy(1, seconds=0.5) as pids:
         deadline = time.monotonic() + 30
         while _alive(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(pids[0])
     # A parent killed with SIGKILL runs no cleanup: its busy child sees it gone and ends by itself.
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from cheapinfer.harness import matrix\n"
-            "with matrix.busy(1) as pids:\n    print(pids[0], flush=True); time.sleep(600)\n")
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from cheapinfer.harness import stress\n"
+            "with stress.busy(1) as pids:\n    print(pids[0], flush=True); time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code, str(ROOT)], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     parent.kill()
@@ -354,7 +354,7 @@ def test_sigterm_during_a_stressed_run_stops_the_busy_processes_and_is_one_line(
         seen.extend(p for p in os.listdir("/proc") if p.isdigit() and _alive(int(p)) and _is_busy(int(p)))
         raise Terminated()
 
-    code = matrix.stress_main(CLAIMS, 2, tmp_path, lambda d, c: ["pytest"], run, record(), "quiet.json")
+    code = stress.stress_main(CLAIMS, 2, tmp_path, lambda d, c: ["pytest"], run, record(), "quiet.json")
     assert code == 143 and len(seen) >= 2 and not any(_alive(int(p)) for p in seen)
     assert capsys.readouterr().err.strip() == ("cheapinfer verify --stress: terminated (SIGTERM); the running claims run was stopped; "
                                                "no summary was written")
@@ -388,7 +388,7 @@ def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path):
     avx2 = m["families"]["avx2"]
     if "unavailable" not in avx2:
         assert avx2["ran_environment"]["cpu_capability"] == "AVX2"
-        if matrix.level(avx2["probe"]["mkl_isa"]) in matrix.LEVELS:
+        if kernel_families.level(avx2["probe"]["mkl_isa"]) in kernel_families.LEVELS:
             assert avx2["cap"]["in_effect"] is True
         else:  # an MKL that names no level (a non-Intel CPU): the cap cannot be seen, the column is flagged
             assert avx2["cap"]["in_effect"] is False and "MKL names no ISA level" in avx2["cap"]["text"]

@@ -27,22 +27,19 @@ records and text and are tested on made-up ones (``tests/test_matrix.py``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .. import CHECKOUT
+from . import families as kernel_families
 from . import registry
 from .schema import check_record
-from .compare import compare, environment_changes, shape_bound
+from .compare import shape_bound
 from .record import is_harness_error
 from ..runtime.cli import Terminated, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
@@ -50,186 +47,6 @@ from .report import RUN_ID_VARIABLE, atomic_write, load, new_run_id, own_record
 from .tables import machine_label, markdown_table
 
 ROOT = CHECKOUT
-
-# ----------------------------------------------------------------------------------------------
-# kernel families
-# ----------------------------------------------------------------------------------------------
-
-#: Kernel levels, lowest first, as the probe reads them from each library.
-SCALAR, AVX2, AVX512, AVX512_BF16, AMX = "scalar", "AVX2", "AVX-512", "AVX-512 BF16", "AMX"
-LEVELS = (SCALAR, AVX2, AVX512, AVX512_BF16, AMX)
-#: The libraries whose kernels a cap selects: what each runs in the suite.
-LIBRARIES = {
-    "aten": "ATen",  # torch's own vectorised kernels: attention, reductions, elementwise, the low-bit packs
-    "onednn": "oneDNN",  # bf16 and int8 matmuls (the serving dtype of BAT-*), and torch's native-bf16 check
-    "mkl": "MKL",  # fp32 GEMM: the twin's and the stand-in's matmuls
-}
-
-
-@dataclass(frozen=True)
-class Family:
-    """A CPU kernel family: the caps that make this machine dispatch like a CPU of that family."""
-
-    name: str
-    like: str  # the CPUs it stands for
-    caps: dict[str, str] = field(default_factory=dict)  # variable -> value; none: the machine's own kernels
-    needs: tuple[str, ...] = ()  # torch.cpu._is_<x>_supported checks this CPU must pass to run it
-    expect: dict[str, str] = field(default_factory=dict)  # library -> the level its kernels must run at
-
-
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("avx2", "a CPU without AVX-512 (desktop CPUs, older AMD): fp32 everywhere, bf16 not native",
-           {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-           ("avx2",), {"aten": AVX2, "onednn": AVX2, "mkl": AVX2}),
-    Family("avx512", "AVX-512 without bf16 instructions (Skylake, Cascade Lake): bf16 matmuls emulated",
-           {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
-           ("avx512",), {"aten": AVX512, "onednn": AVX512, "mkl": AVX512}),
-    Family("avx512-bf16", "AVX-512 BF16 without AMX (Cooper Lake, AMD Zen 4)",
-           {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512_E3"},
-           ("avx512", "avx512_bf16"), {"aten": AVX512, "onednn": AVX512_BF16, "mkl": AVX512_BF16}),
-    Family("default", "this machine's own kernels (no cap)"),
-)}
-_NEEDS_TEXT = {"avx2": "AVX2", "avx512": "AVX-512 (F, BW, VL, DQ)", "avx512_bf16": "AVX-512 BF16", "amx_tile": "AMX"}
-#: The verbose switches of the probe; never passed to a claims run.
-_VERBOSE = ("ONEDNN_VERBOSE", "DNNL_VERBOSE", "MKL_VERBOSE")
-
-#: Run under a family's caps with oneDNN's and MKL's verbose output on: what each library dispatches to.
-PROBE = r"""
-import json, platform, torch
-out = {"aten": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
-       "has": {"onednn": torch.backends.mkldnn.is_available(), "mkl": torch.backends.mkl.is_available()},
-       "supports": {n: bool(getattr(torch.cpu, "_is_%s_supported" % n, lambda: False)()) for n in ("avx2", "avx512", "avx512_bf16", "amx_tile")}}
-if out["has"]["onednn"]:
-    torch._C._nn.mkldnn_linear(torch.randn(4, 64).to_mkldnn(), torch.randn(64, 64).to_mkldnn())  # an fp32 oneDNN primitive: it names its ISA
-    out["bf16_native"] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # what models.serving_dtype asks
-    torch.nn.functional.linear(torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16))  # a bf16 matmul
-torch.mm(torch.randn(64, 64), torch.randn(64, 64))  # an fp32 GEMM: MKL's, where torch has it
-print("cheapinfer-probe " + json.dumps(out), flush=True)
-"""
-_PROBE_MARK = "cheapinfer-probe "
-
-
-def level(text: str | None) -> str | None:
-    """The kernel level a library's own words name (ATen's capability, oneDNN's ISA line, MKL's banner)."""
-    if not text:
-        return None
-    t = text.upper()
-    if "AMX" in t:
-        return AMX
-    if "AVX-512" in t or "AVX512" in t or "AVX10" in t:
-        return AVX512_BF16 if "BFLOAT16" in t or "BF16" in t else AVX512
-    if "AVX2" in t:
-        return AVX2
-    if t == "DEFAULT":
-        return SCALAR
-    return text
-
-
-def parse_probe(text: str) -> dict[str, Any]:
-    """The probe's findings from its standard output: its JSON line, oneDNN's ISA and kernels, MKL's ISA.
-
-    ValueError when the probe printed no result (it crashed before its end)."""
-    found = None
-    onednn_isa = mkl_isa = None
-    kernels: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith(_PROBE_MARK):
-            found = json.loads(line[len(_PROBE_MARK):])
-        elif line.startswith(("onednn_verbose", "dnnl_verbose")):
-            f = line.split(",")
-            if "isa:" in line and "info" in f:
-                onednn_isa = line.split("isa:", 1)[1].strip()
-            elif "exec" in f:
-                i = f.index("exec")
-                if f[i + 1:i + 2] == ["cpu"] and len(f) > i + 3 and f[i + 2] in ("matmul", "inner_product"):
-                    src = next((x for x in f[i + 4:] if x.startswith("src:")), "src:?")
-                    kernels.setdefault(f"{src.split(':')[1]} {f[i + 2]}", f[i + 3])
-        elif line.startswith("MKL_VERBOSE") and " architecture " in line:
-            mkl_isa = re.sub(r",\s*(Lnx|Win|Mac|Linux|Windows)\b.*$", "", line.split(" architecture ", 1)[1]).strip()
-    if found is None:
-        raise ValueError("the probe printed no result")
-    return {**found, "onednn_isa": onednn_isa, "onednn_kernels": kernels, "mkl_isa": mkl_isa}
-
-
-def probe(env: dict[str, str], timeout: float = 180.0) -> dict[str, Any]:
-    """:data:`PROBE` in a fresh interpreter with ``env`` (plus the verbose switches): what ran, or ``{"error": why}``."""
-    env = {**env, "ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"}
-    try:
-        run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the probe did not end within {timeout:.0f} s"}
-    try:
-        return parse_probe(run.stdout)
-    except ValueError:
-        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"the probe failed (exit {run.returncode}: {tail})"}
-
-
-def available(family: Family, found: dict[str, Any]) -> str | None:
-    """Why ``family`` cannot run on this CPU (its caps would name instructions it lacks), or None when it can.
-
-    ``found``: the probe of the machine's own kernels (its ``supports`` are the CPU's, whatever a cap says)."""
-    if not family.needs:
-        return None
-    if "error" in found:
-        return f"cannot tell: {found['error']}"
-    if found.get("machine", "").lower() not in ("x86_64", "amd64", "i686", "i386", "x86"):
-        return f"not an x86 CPU ({found.get('machine') or 'unknown'})"
-    missing = [_NEEDS_TEXT.get(n, n) for n in family.needs if not found.get("supports", {}).get(n)]
-    return f"this CPU lacks {', '.join(missing)}" if missing else None
-
-
-def ran(found: dict[str, Any]) -> dict[str, str | None]:
-    """Library -> the level its kernels ran at in the probe (None: it printed nothing to tell)."""
-    return {"aten": level(found.get("aten")), "onednn": level(found.get("onednn_isa")), "mkl": level(found.get("mkl_isa"))}
-
-
-def cap_check(family: Family, found: dict[str, Any], run_env: dict[str, Any] | None = None,
-              own: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Did ``family``'s caps take effect? ``in_effect``: True, False (a cap that did nothing, or could not be
-    seen to work: not trusted), or None (no cap: the machine's own kernels); ``ran``: library -> level;
-    ``text``: one line. ``run_env``: the environment of the claims run itself, whose ``cpu_capability`` is ATen's
-    in that process. ``own``: the probe without a cap. A library whose words name no level, capped and uncapped
-    alike (MKL on a CPU it does not dispatch by ISA prints "Intel(R) Architecture processors"), cannot be seen to
-    obey its cap: the column is not trusted, and the text says why."""
-    if "error" in found:
-        return {"in_effect": False if family.expect else None, "ran": {}, "text": found["error"]}
-    levels = ran(found)
-    own_levels = ran(own) if own and "error" not in own else {}
-    wrong, notes = [], []
-    for lib, want in family.expect.items():
-        if not found.get("has", {}).get(lib, True):
-            notes.append(f"{LIBRARIES[lib]} is not in this torch build")
-        elif levels[lib] is None:
-            wrong.append(f"{LIBRARIES[lib]} printed nothing to tell which kernels ran")
-        elif levels[lib] not in LEVELS:
-            same = " (the same without a cap)" if own_levels.get(lib) == levels[lib] else ""
-            wrong.append(f"{LIBRARIES[lib]} names no ISA level on this CPU ({levels[lib]!r}{same}): whether it obeyed its cap cannot be seen")
-        elif levels[lib] != want:
-            wrong.append(f"{LIBRARIES[lib]} ran {levels[lib]}, not {want}")
-    if run_env and run_env.get("cpu_capability") and "aten" in family.expect and level(run_env["cpu_capability"]) != family.expect["aten"]:
-        wrong.append(f"the claims run's ATen ran {level(run_env['cpu_capability'])}, not {family.expect['aten']}")
-    shown = [f"{LIBRARIES[lib]} {levels[lib] or '?'}" for lib in LIBRARIES if found.get("has", {}).get(lib, True)]
-    kernels = found.get("onednn_kernels") or {}
-    if kernels:
-        shown.append("oneDNN kernels: " + ", ".join(f"{k} {v}" for k, v in sorted(kernels.items())))
-    if "bf16_native" in found:
-        shown.append(f"native bf16 {'yes' if found['bf16_native'] else 'no'}")
-    what = "; ".join(shown + notes)
-    if not family.expect:
-        return {"in_effect": None, "ran": levels, "text": f"no cap: {what}"}
-    if wrong:
-        return {"in_effect": False, "ran": levels, "text": f"cap NOT in effect ({'; '.join(wrong)}): {what}"}
-    return {"in_effect": True, "ran": levels, "text": f"cap in effect: {what}"}
-
-
-def family_env(family: Family, base: dict[str, str]) -> dict[str, str]:
-    """``base`` without any cap or verbose switch of its own, with ``family``'s caps."""
-    from ..runtime.profiles import ISA_VARIABLES
-
-    env = {k: v for k, v in base.items() if k not in ISA_VARIABLES and k not in _VERBOSE}
-    return {**env, **family.caps}
-
 
 # ----------------------------------------------------------------------------------------------
 # which claims
@@ -350,13 +167,13 @@ def cell_text(c: dict[str, Any]) -> str:
     return head
 
 
-def _value(v: Any) -> str:
+def short_value(v: Any) -> str:
     return fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v)
 
 
 def _short(v: Any) -> str:
     """A measured value in a cell: three significant digits (the record keeps all of them)."""
-    return f"{v:.3g}" if isinstance(v, float) else _value(v)
+    return f"{v:.3g}" if isinstance(v, float) else short_value(v)
 
 
 def table(records: dict[str, dict[str, Any] | None], claims: list[str], unavailable: dict[str, str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -430,7 +247,7 @@ def load_span(record: dict[str, Any], claims: list[str]) -> dict[str, Any]:
             "cpus": next((r.get("load", {}).get("cpus") for c in claims for r in record["claims"].get(c, {}).get("results", []) if r.get("load")), None)}
 
 
-def _load_text(span: dict[str, Any]) -> str:
+def load_text(span: dict[str, Any]) -> str:
     avg = span.get("loadavg_1min")
     steal = span.get("steal_max")
     return (f"load average (1 min) {avg[0]:g} to {avg[1]:g}" if avg else "load not recorded") + (
@@ -481,7 +298,7 @@ class Interrupted(Exception):
     """Ctrl-C ended a claims run: nothing more starts."""
 
 
-def _claims_run(command: Command, run: Runner, report_dir: Path, claims: list[str], env: dict[str, str]) -> dict[str, Any]:
+def claims_run(command: Command, run: Runner, report_dir: Path, claims: list[str], env: dict[str, str]) -> dict[str, Any]:
     """One pytest run of ``claims`` into ``report_dir``: its record (None when it wrote none), exit status, seconds."""
     run_id = new_run_id()
     t0 = time.monotonic()
@@ -504,29 +321,29 @@ def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command
     """Run ``claims`` under each of ``families`` and build the matrix (as written to ``isa/matrix.json``)."""
     base_env = dict(os.environ if base_env is None else base_env)
     started = time.monotonic()
-    own = probe(family_env(FAMILIES["default"], base_env))
+    own = kernel_families.probe(kernel_families.family_env(kernel_families.FAMILIES["default"], base_env))
     out_families: dict[str, Any] = {}
     records: dict[str, dict[str, Any] | None] = {}
     unavailable: dict[str, str] = {}
     for name in families:
-        fam = FAMILIES[name]
+        fam = kernel_families.FAMILIES[name]
         info: dict[str, Any] = {"like": fam.like, "caps": dict(fam.caps)}
         out_families[name] = info
-        why = available(fam, own)
+        why = kernel_families.available(fam, own)
         if why:
             info["unavailable"] = unavailable[name] = why
             records[name] = None
             echo(f"cheapinfer verify --isa-matrix: {name}: not available here ({why})")
             continue
-        env = family_env(fam, base_env)
-        found = own if not fam.caps else probe(env)
+        env = kernel_families.family_env(fam, base_env)
+        found = own if not fam.caps else kernel_families.probe(env)
         info["probe"] = found
         echo(f"cheapinfer verify --isa-matrix: {name} ({', '.join(f'{k}={v}' for k, v in fam.caps.items()) or 'no cap'}): "
              f"{len(claims)} claim(s) into {report_dir / name}")
-        got = _claims_run(command, run, report_dir / name, claims, env)
+        got = claims_run(command, run, report_dir / name, claims, env)
         records[name] = got["record"]
         info.update(record=got["path"], exit_status=got["exit_status"], seconds=got["seconds"])
-        info["cap"] = cap_check(fam, found, (got["record"] or {}).get("environment"), own)
+        info["cap"] = kernel_families.cap_check(fam, found, (got["record"] or {}).get("environment"), own)
         info["ran_environment"] = {k: (got["record"] or {}).get("environment", {}).get(k) for k in ("cpu_capability", "cpu_isa_caps")}
         echo(f"cheapinfer verify --isa-matrix: {name}: {info['cap']['text']}")
     tab = table(records, claims, unavailable)
@@ -543,104 +360,12 @@ def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command
     }
 
 
-#: Each busy process ends after this many seconds at most, or as soon as its parent is gone.
-BUSY_SECONDS = 7200.0
-#: One CPU-bound process: a pure-Python loop, deaf to Ctrl-C (its parent stops it), that ends at its deadline
-#: or once its parent (whose pid it is given: it may start after its parent is gone) is no longer its parent.
-BUSY = r"""
-import os, signal, sys, time
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-parent, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
-x = 1
-while time.monotonic() < end and os.getppid() == parent:
-    for _ in range(100000):
-        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
-"""
-
-
-@contextlib.contextmanager
-def busy(n: int, seconds: float = BUSY_SECONDS) -> Iterator[list[int]]:
-    """``n`` CPU-bound processes (:data:`BUSY`) for the duration: their pids. They are killed when the block ends,
-    however it ends (an error, Ctrl-C, SIGTERM raised as an exception); each also ends by itself after
-    ``seconds``, or when this process is gone."""
-    procs: list[subprocess.Popen] = []
-    try:
-        for _ in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-I", "-S", "-c", BUSY, str(os.getpid()), str(seconds)], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
-
-
-def stress(claims: list[str], n: int, report_dir: Path, command: Command, run: Runner, quiet_record: dict[str, Any] | None = None,
-           quiet_source: str | None = None, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """The quiet run (or ``quiet_record``), the run beside ``n`` busy processes, and how each claim's verdict moved."""
-    started = time.monotonic()
-    env = dict(os.environ)
-    if quiet_record is None:
-        echo(f"cheapinfer verify --stress: the quiet run: {len(claims)} clocked claim(s) into {report_dir / 'quiet'}")
-        got = _claims_run(command, run, report_dir / "quiet", claims, env)
-        quiet_record, quiet_source, quiet_exit = got["record"], got["path"], got["exit_status"]
-    else:
-        quiet_exit = None
-    pids: list[int] = []
-    if quiet_record is None:  # nothing to compare with: the stressed run would tell nothing
-        got = {"record": None, "path": None, "exit_status": None, "seconds": 0.0}
-    else:
-        echo(f"cheapinfer verify --stress: the run beside {n} busy process(es) into {report_dir / 'stressed'}")
-        with busy(n) as pids:
-            got = _claims_run(command, run, report_dir / "stressed", claims, env)
-    stressed = got["record"]
-    rows = moved(quiet_record, stressed, claims) if quiet_record and stressed else []
-    changes = []
-    if quiet_record and stressed:
-        changes = [c for c in compare(quiet_record, stressed) if c.claim in claims and c.what not in ("verdict", "claim")]
-    return {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "busy_processes": n,
-        "busy": f"{n} pure-Python loop(s) (pids {', '.join(map(str, pids))}), each ended when the run ended (at most {BUSY_SECONDS:.0f} s)",
-        "seconds": round(time.monotonic() - started, 1),
-        "quiet": {"record": quiet_source, "exit_status": quiet_exit, "load": load_span(quiet_record, claims) if quiet_record else None},
-        "stressed": {"record": got["path"], "exit_status": got["exit_status"], "seconds": got["seconds"],
-                     "load": load_span(stressed, claims) if stressed else None},
-        "environment_changes": environment_changes(quiet_record, stressed) if quiet_record and stressed else [],
-        "claims": rows,
-        "moved_values": [{"claim": c.claim, "profile": c.profile, "q": c.what, "quiet": c.before, "stressed": c.after,
-                          "tolerance": c.tolerance, "toward_bound": c.regression} for c in changes],
-        "red_under_stress": [r["claim"] for r in rows if r["moved"] == RED_UNDER_STRESS],
-        "inconclusive_under_stress": [r["claim"] for r in rows if r["moved"] == INCONCLUSIVE_UNDER_STRESS],
-    }
-
-
-def stress_lines(s: dict[str, Any]) -> list[str]:
-    """The stress check's summary: per claim the quiet and the stressed verdict, then the load of each run."""
-    rows = [[r["claim"], cell_text(r["quiet"]), cell_text(r["stressed"]), r["moved"]] for r in s["claims"]]
-    lines = markdown_table(["claim", "quiet", f"beside {s['busy_processes']} busy process(es)", "moved"], rows)
-    lines += ["", f"Quiet run: {_load_text(s['quiet']['load']) if s['quiet']['load'] else 'no record'} ({s['quiet']['record'] or '-'}).",
-              f"Stressed run: {_load_text(s['stressed']['load']) if s['stressed']['load'] else 'no record'} ({s['stressed']['record'] or '-'}); "
-              f"{s['busy']}."]
-    quiet = s["quiet"]["load"] or {}
-    if quiet.get("loadavg_1min") and quiet.get("cpus") and quiet["loadavg_1min"][1] >= quiet["cpus"]:
-        lines.append(f"WARNING: the quiet run was not quiet (load average up to {quiet['loadavg_1min'][1]:g} on {quiet['cpus']} CPUs): "
-                     "a verdict may have moved there, not under the stress; run it again on an idle machine")
-    for line in s["environment_changes"]:
-        lines.append(f"WARNING: the runs differ in their environment: {line}")
-    for v in s["moved_values"]:
-        lines.append(f"moved: {v['claim']} [{v['profile']}] {v['q']}: {_value(v['quiet'])} -> {_value(v['stressed'])} "
-                     f"(beyond {v['tolerance']})")
-    return lines
-
-
 # ----------------------------------------------------------------------------------------------
 # the commands (called by python -m cheapinfer verify)
 # ----------------------------------------------------------------------------------------------
 
 
-def _guarded(prog: str, body: Callable[[], int]) -> int:
+def guarded(prog: str, body: Callable[[], int]) -> int:
     """``body()``, with Ctrl-C and SIGTERM as one line and exit 130 / 143 (the running pytest and the busy
     processes are stopped on the way out)."""
     previous = signal.signal(signal.SIGTERM, terminate)
@@ -687,29 +412,4 @@ def isa_main(claims: list[str], families: list[str], report_dir: Path, command: 
         print(f"Matrix: {md} and {js}")
         return 1 if m["flips"] or norecord else 0
 
-    return _guarded(prog, body)
-
-
-def stress_main(claims: list[str], n: int, report_dir: Path, command: Command, run: Runner, quiet_record: dict[str, Any] | None,
-                quiet_source: str | None) -> int:
-    """``verify --stress N``: 0 when no claim turned red under stress, 1 when one did (or a run wrote no record)."""
-    prog = "cheapinfer verify --stress"
-
-    def body() -> int:
-        s = stress(claims, n, report_dir, command, run, quiet_record, quiet_source)
-        atomic_write((report_dir / "stress.json", json.dumps(s, indent=1, default=str) + "\n"))
-        print()
-        print("\n".join(stress_lines(s)))
-        missing = [name for name in ("quiet", "stressed") if not s[name]["record"]]
-        for name in missing:
-            ran = s[name]["exit_status"] is not None
-            print(f"NO RECORD: the {name} run " + (f"wrote no record (pytest exit {s[name]['exit_status']})" if ran else "did not run (no quiet record)"))
-        for cid in s["red_under_stress"]:
-            print(f"RED UNDER STRESS {cid}")
-        print(f"{len(s['claims'])} clocked claim(s), quiet then beside {n} busy process(es), {s['seconds']:.0f} s: "
-              f"{len(s['red_under_stress'])} red under stress, {len(s['inconclusive_under_stress'])} inconclusive under stress, "
-              f"{sum(r['moved'] == SAME for r in s['claims'])} unchanged.")
-        print(f"Summary: {report_dir / 'stress.json'}")
-        return 1 if s["red_under_stress"] or missing else 0
-
-    return _guarded(prog, body)
+    return guarded(prog, body)

@@ -1,0 +1,136 @@
+"""``verify --stress N`` (:mod:`cheapinfer.harness.matrix`): the clocked claims run once on the quiet
+machine, then again beside N CPU-bound processes (:func:`busy`); per claim the quiet and the stressed
+verdict and the machine's load around each. Load must never be what turns a claim red.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .compare import compare, environment_changes
+from .report import atomic_write
+from .tables import markdown_table
+from . import matrix
+
+#: Each busy process ends after this many seconds at most, or as soon as its parent is gone.
+BUSY_SECONDS = 7200.0
+#: One CPU-bound process: a pure-Python loop, deaf to Ctrl-C (its parent stops it), that ends at its deadline
+#: or once its parent (whose pid it is given: it may start after its parent is gone) is no longer its parent.
+BUSY = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+parent, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+x = 1
+while time.monotonic() < end and os.getppid() == parent:
+    for _ in range(100000):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+"""
+
+
+@contextlib.contextmanager
+def busy(n: int, seconds: float = BUSY_SECONDS) -> Iterator[list[int]]:
+    """``n`` CPU-bound processes (:data:`BUSY`) for the duration: their pids. They are killed when the block ends,
+    however it ends (an error, Ctrl-C, SIGTERM raised as an exception); each also ends by itself after
+    ``seconds``, or when this process is gone."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-I", "-S", "-c", BUSY, str(os.getpid()), str(seconds)], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def stress(claims: list[str], n: int, report_dir: Path, command: matrix.Command, run: matrix.Runner, quiet_record: dict[str, Any] | None = None,
+           quiet_source: str | None = None, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """The quiet run (or ``quiet_record``), the run beside ``n`` busy processes, and how each claim's verdict moved."""
+    started = time.monotonic()
+    env = dict(os.environ)
+    if quiet_record is None:
+        echo(f"cheapinfer verify --stress: the quiet run: {len(claims)} clocked claim(s) into {report_dir / 'quiet'}")
+        got = matrix.claims_run(command, run, report_dir / "quiet", claims, env)
+        quiet_record, quiet_source, quiet_exit = got["record"], got["path"], got["exit_status"]
+    else:
+        quiet_exit = None
+    pids: list[int] = []
+    if quiet_record is None:  # nothing to compare with: the stressed run would tell nothing
+        got = {"record": None, "path": None, "exit_status": None, "seconds": 0.0}
+    else:
+        echo(f"cheapinfer verify --stress: the run beside {n} busy process(es) into {report_dir / 'stressed'}")
+        with busy(n) as pids:
+            got = matrix.claims_run(command, run, report_dir / "stressed", claims, env)
+    stressed = got["record"]
+    rows = matrix.moved(quiet_record, stressed, claims) if quiet_record and stressed else []
+    changes = []
+    if quiet_record and stressed:
+        changes = [c for c in compare(quiet_record, stressed) if c.claim in claims and c.what not in ("verdict", "claim")]
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "busy_processes": n,
+        "busy": f"{n} pure-Python loop(s) (pids {', '.join(map(str, pids))}), each ended when the run ended (at most {BUSY_SECONDS:.0f} s)",
+        "seconds": round(time.monotonic() - started, 1),
+        "quiet": {"record": quiet_source, "exit_status": quiet_exit, "load": matrix.load_span(quiet_record, claims) if quiet_record else None},
+        "stressed": {"record": got["path"], "exit_status": got["exit_status"], "seconds": got["seconds"],
+                     "load": matrix.load_span(stressed, claims) if stressed else None},
+        "environment_changes": environment_changes(quiet_record, stressed) if quiet_record and stressed else [],
+        "claims": rows,
+        "moved_values": [{"claim": c.claim, "profile": c.profile, "q": c.what, "quiet": c.before, "stressed": c.after,
+                          "tolerance": c.tolerance, "toward_bound": c.regression} for c in changes],
+        "red_under_stress": [r["claim"] for r in rows if r["moved"] == matrix.RED_UNDER_STRESS],
+        "inconclusive_under_stress": [r["claim"] for r in rows if r["moved"] == matrix.INCONCLUSIVE_UNDER_STRESS],
+    }
+
+
+def stress_lines(s: dict[str, Any]) -> list[str]:
+    """The stress check's summary: per claim the quiet and the stressed verdict, then the load of each run."""
+    rows = [[r["claim"], matrix.cell_text(r["quiet"]), matrix.cell_text(r["stressed"]), r["moved"]] for r in s["claims"]]
+    lines = markdown_table(["claim", "quiet", f"beside {s['busy_processes']} busy process(es)", "moved"], rows)
+    lines += ["", f"Quiet run: {matrix.load_text(s['quiet']['load']) if s['quiet']['load'] else 'no record'} ({s['quiet']['record'] or '-'}).",
+              f"Stressed run: {matrix.load_text(s['stressed']['load']) if s['stressed']['load'] else 'no record'} ({s['stressed']['record'] or '-'}); "
+              f"{s['busy']}."]
+    quiet = s["quiet"]["load"] or {}
+    if quiet.get("loadavg_1min") and quiet.get("cpus") and quiet["loadavg_1min"][1] >= quiet["cpus"]:
+        lines.append(f"WARNING: the quiet run was not quiet (load average up to {quiet['loadavg_1min'][1]:g} on {quiet['cpus']} CPUs): "
+                     "a verdict may have moved there, not under the stress; run it again on an idle machine")
+    for line in s["environment_changes"]:
+        lines.append(f"WARNING: the runs differ in their environment: {line}")
+    for v in s["moved_values"]:
+        lines.append(f"moved: {v['claim']} [{v['profile']}] {v['q']}: {matrix.short_value(v['quiet'])} -> {matrix.short_value(v['stressed'])} "
+                     f"(beyond {v['tolerance']})")
+    return lines
+
+
+def stress_main(claims: list[str], n: int, report_dir: Path, command: matrix.Command, run: matrix.Runner, quiet_record: dict[str, Any] | None,
+                quiet_source: str | None) -> int:
+    """``verify --stress N``: 0 when no claim turned red under stress, 1 when one did (or a run wrote no record)."""
+    prog = "cheapinfer verify --stress"
+
+    def body() -> int:
+        s = stress(claims, n, report_dir, command, run, quiet_record, quiet_source)
+        atomic_write((report_dir / "stress.json", json.dumps(s, indent=1, default=str) + "\n"))
+        print()
+        print("\n".join(stress_lines(s)))
+        missing = [name for name in ("quiet", "stressed") if not s[name]["record"]]
+        for name in missing:
+            ran = s[name]["exit_status"] is not None
+            print(f"NO RECORD: the {name} run " + (f"wrote no record (pytest exit {s[name]['exit_status']})" if ran else "did not run (no quiet record)"))
+        for cid in s["red_under_stress"]:
+            print(f"RED UNDER STRESS {cid}")
+        print(f"{len(s['claims'])} clocked claim(s), quiet then beside {n} busy process(es), {s['seconds']:.0f} s: "
+              f"{len(s['red_under_stress'])} red under stress, {len(s['inconclusive_under_stress'])} inconclusive under stress, "
+              f"{sum(r['moved'] == matrix.SAME for r in s['claims'])} unchanged.")
+        print(f"Summary: {report_dir / 'stress.json'}")
+        return 1 if s["red_under_stress"] or missing else 0
+
+    return matrix.guarded(prog, body)
