@@ -225,7 +225,7 @@ _DELEGATED = {
     "compare": "cheapinfer.harness.compare",
     "merge": "cheapinfer.harness.merge",
     "faults": "cheapinfer.faults.runner",
-    "engine": "cheapinfer.reference.engine",
+    "engine": "cheapinfer.reference.comparison",
 }
 #: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
 _TIMED = ("verify", "faults", "engine")

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from cheapinfer.chapter import workload
-from cheapinfer.reference import engine
+from cheapinfer.reference import engine, comparison
 from cheapinfer.__main__ import main
 
 
@@ -28,27 +28,27 @@ def test_static_groups_cover_the_queue_in_order_and_pad_to_their_longest():
 
 
 def test_ratios_agree_with_the_simulations_own():
-    """``engine.ratios`` reads two policy results the way ``workload.compare`` does."""
+    """``comparison.ratios`` reads two policy results the way ``workload.compare`` does."""
     lengths = workload.scaled(workload.skewed_lengths(), 8)
     cost = {k: 0.01 + 0.002 * k for k in range(1, 9)}
-    mine = engine.ratios(workload.simulate("static", lengths, 8, cost), workload.simulate("continuous", lengths, 8, cost))
+    mine = comparison.ratios(workload.simulate("static", lengths, 8, cost), workload.simulate("continuous", lengths, 8, cost))
     theirs = workload.compare(lengths, 8, cost)
     for key in ("throughput_ratio", "latency_ratio", "service_latency_ratio", "static_steps", "continuous_steps"):
         assert mine[key] == theirs[key]  # one definition (workload.ratios) on the same simulations: the same bits
 
 
 def test_table_has_a_row_per_ratio_and_says_not_run_for_a_missing_column():
-    header, rows = engine.comparison_table(
+    header, rows = comparison.comparison_table(
         {"simulation": {"throughput_ratio": 2.3, "latency_ratio": 3.6, "service_latency_ratio": 2.9, "static_steps": 97, "continuous_steps": 42}, "suite scheduler": None}
     )
     assert header == ["quantity", "simulation", "suite scheduler"]
-    assert [r[0] for r in rows] == [label for _, label in engine.TABLE_ROWS]
+    assert [r[0] for r in rows] == [label for _, label in comparison.TABLE_ROWS]
     assert rows[0][1:] == ["2.30x", "not run"] and rows[3][1:] == ["97", "not run"]
 
 
 def test_median_ratios_take_the_median_round_and_keep_step_counts():
     rounds = [{"throughput_ratio": r, "static_steps": 97} for r in (2.0, 3.0, 2.5)]
-    assert engine.median_ratios(rounds) == {"throughput_ratio": 2.5, "static_steps": 97}
+    assert comparison.median_ratios(rounds) == {"throughput_ratio": 2.5, "static_steps": 97}
 
 
 def test_paged_replay_counts_blocks_per_step_and_frees_them_on_departure():
@@ -111,7 +111,7 @@ def test_engine_rejects_bad_arguments_with_a_clear_error(argv, message, capsys):
 
 def test_report_lines_render_a_result_record():
     """The printed report is built from engine.json's record alone."""
-    header, rows = engine.comparison_table({"vLLM": {"throughput_ratio": 2.0, "latency_ratio": 3.0, "service_latency_ratio": 1.5, "static_steps": 50, "continuous_steps": 22}})
+    header, rows = comparison.comparison_table({"vLLM": {"throughput_ratio": 2.0, "latency_ratio": 3.0, "service_latency_ratio": 1.5, "static_steps": 50, "continuous_steps": 22}})
     record = {
         "workload": {"requests": 64, "slots": 8, "length_scale": 16, "median_len": 2, "max_len": 15, "total_len": 149},
         "vllm": {"version": "0.32.0", "rounds": 3},
@@ -120,7 +120,7 @@ def test_report_lines_render_a_result_record():
         "kv_blocks": {"block_size": 32, "pool_blocks": 1000, "runs": {"continuous": {"vllm_peak_blocks": 8, "suite_peak_blocks": 8, "same_every_step": True, "steps_that_differ": 0}}},
         "prefix_cache": {"shared_prefix_tokens": 72, "prompt_tokens": 80, "second_request_hits": 64, "second_request_queries": 80, "second_request_hit_rate": 0.8, "vllm_shared_blocks": 2.0, "suite_shared_full_blocks": 2, "same_tokens_as_alone": True},
     }
-    text = "\n".join(engine.report_lines(json.loads(json.dumps(record))))
+    text = "\n".join(comparison.report_lines(json.loads(json.dumps(record))))
     assert "| throughput, continuous / static | 2.00x |" in text
     assert "| continuous | 8 | 8 | yes |" in text
     assert "hit 64 of 80 prompt tokens (80%), 2 blocks; the suite's accounting shares 2 full blocks" in text

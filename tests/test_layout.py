@@ -27,11 +27,16 @@ MAY_IMPORT = {
     "__main__": set(WINGS),
 }
 
-#: The modules still over the size limit, each with the length it may not exceed while it waits to be split.
-#: This list only shrinks.
+#: No module of the package, the plugin or the claim tests is over LIMIT lines. The ones still over it, each
+#: with the length it may not exceed while it waits to be split (this list only shrinks): the plugin (into
+#: options, selection, recording, profiles) and the claim tests of three sections (their clock traces, plots
+#: and planning helpers into the package).
 LIMIT = 450
 OVERSIZED: dict[str, int] = {
-    "cheapinfer.reference.engine": 682,
+    "fixtures/plugin.py": 664,
+    "claims/test_batching.py": 638,
+    "claims/test_kv_cache.py": 550,
+    "claims/test_quantization.py": 464,
 }
 
 
@@ -155,7 +160,8 @@ def test_the_harness_never_loads_torch():
 
 
 def test_no_module_is_over_the_size_limit():
-    sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _modules().items()}
+    files = {**_modules(), **{p.relative_to(ROOT).as_posix(): p for d in ("fixtures", "claims") for p in sorted((ROOT / d).glob("*.py"))}}
+    sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in files.items()}
     over = {name: n for name, n in sizes.items() if n > LIMIT and not (name in OVERSIZED and n <= OVERSIZED[name])}
     assert not over, f"modules over {LIMIT} lines (split them along their seams): {over}"
     done = [name for name in OVERSIZED if sizes.get(name, 0) <= LIMIT]
