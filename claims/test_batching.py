@@ -10,10 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from hypothesis import given, strategies as st  # noqa: E402
 
 from cheapinfer.runtime import accel, evidence, models, timing  # noqa: E402
-from cheapinfer.chapter import batching, kv, paging, knee, paged_scheduler, scheduler, workload
+from cheapinfer.chapter import batching, kv, knee, paged_scheduler, scheduler, workload
 from cheapinfer.harness.registry import NOISE_SIGMAS  # noqa: E402
 from fixtures.plugin import on_profiles  # noqa: E402
 
@@ -595,44 +594,3 @@ def _note_alone(claim, alone) -> None:
     claim.note("Tokens in the batch on the paged cache against the same request alone on the model's own cache (a difference is allowed "
                "only at a near-tie: the two tokens' float64 logit gap within the first-order bound of fp32 rounding): "
                + "; ".join(f"request {r}: {c.describe()}" for r, c in alone.items()))
-
-
-@given(seed=st.integers(0, 2**32 - 1), sigma=st.floats(0.3, 1.5))
-def test_skewed_lengths_have_exactly_the_books_statistics(seed, sigma):
-    """The workload generator: median 18, one longest request of 231, total 1,874, for any seed and skew."""
-    lengths = workload.skewed_lengths(seed=seed, sigma=sigma)
-    assert workload.length_stats(lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
-    assert lengths.count(231) == 1 and min(lengths) >= 1
-
-
-@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=80), slots=st.integers(1, 8))
-def test_simulated_continuous_batching_returns_every_request_no_later_than_static(lengths, slots):
-    """Counted in steps (unit step cost), continuous batching admits each request no later than static does, so returns it no later."""
-    cost = dict.fromkeys(range(1, slots + 1), 1.0)
-    s, c = workload.simulate("static", lengths, slots, cost), workload.simulate("continuous", lengths, slots, cost)
-    assert all(lc <= ls for lc, ls in zip(c.latency_s, s.latency_s))
-    assert max(max(lengths), -(-sum(lengths) // slots)) <= c.steps <= s.steps
-
-
-@given(chunks=st.lists(st.integers(1, 40), min_size=1, max_size=6), fork_at=st.integers(0, 5), block=st.sampled_from([1, 4, 16]))
-def test_paged_cache_reads_back_what_was_written(chunks, fork_at, block):
-    """Any sequence of appends, with a fork part-way, reads back exactly the contiguous keys and values, and frees every block."""
-    g = torch.Generator().manual_seed(len(chunks) * 100 + fork_at)
-    cache = paging.PagedKVCache(2 * sum(chunks) + 2, block, 2, 8)  # enough for two sequences at one token per block
-    ref = {0: [torch.zeros(2, 0, 8), torch.zeros(2, 0, 8)]}
-    cache.add(0)
-    for i, t in enumerate(chunks):
-        if i == fork_at:
-            cache.fork(0, 1)
-            ref[1] = list(ref[0])
-        for seq in ref:
-            k, v = torch.randn(2, t, 8, generator=g), torch.randn(2, t, 8, generator=g)
-            cache.append(seq, k, v)
-            ref[seq] = [torch.cat([ref[seq][0], k], 1), torch.cat([ref[seq][1], v], 1)]
-    for seq, (k, v) in ref.items():
-        pk, pv = cache.gather(seq)
-        assert torch.equal(pk, k) and torch.equal(pv, v)
-        assert 0 <= cache.unused_slots(seq) < block
-    for seq in list(ref):
-        cache.remove(seq)
-    assert cache.blocks_in_use == 0

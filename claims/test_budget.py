@@ -1,10 +1,8 @@
 """Section 8 of the chapter: the budget is one sum, weights + KV bytes per token x resident tokens."""
 
 import pytest
-from hypothesis import given, strategies as st
 
 from cheapinfer.chapter import budget
-from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
 
 
 @pytest.mark.claim("BUD-13B-8GB")
@@ -66,25 +64,3 @@ def test_budget_tables_regenerate_the_quoted_cells(claim):
         extra_weights_16gb_8bit_gib=cell[16.0, "13B", 8.0].weights_gib - cell[16.0, "7B", 8.0].weights_gib,
         reserve_window_gib=[max(lo for lo, _ in windows.values()), min(hi for _, hi in windows.values())],
     )
-
-
-@given(
-    model=st.sampled_from(tuple(MODELS)),
-    bits=st.floats(1.0, 32.0),
-    memory=st.floats(0.5, 512.0),
-)
-def test_budget_is_the_largest_token_count_that_fits(model, bits, memory):
-    """The sum holds: weights + reserve + T x bytes/token <= memory < the same with T + 1 (when the weights fit)."""
-    b = budget.budget(model, bits, memory)
-    total = memory * GIB
-    used = b.weights_bytes + b.reserve_bytes
-    if b.fits:
-        assert used + b.tokens * b.kv_bytes_per_token <= total < used + (b.tokens + 1) * b.kv_bytes_per_token
-    else:
-        assert b.tokens == 0 and used > total
-
-
-@given(model=st.sampled_from(tuple(MODELS)), bits=st.sampled_from(TABLE_BITS), small=st.floats(0.5, 256.0), more=st.floats(0.0, 256.0))
-def test_more_memory_never_leaves_fewer_tokens(model, bits, small, more):
-    """The sum is monotone: the same model and precision never get fewer tokens from more memory."""
-    assert budget.budget(model, bits, small).tokens <= budget.budget(model, bits, small + more).tokens

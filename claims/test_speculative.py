@@ -12,7 +12,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
 from scipy import stats
 
 from cheapinfer import SEED
@@ -27,8 +26,6 @@ ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 GAMMAS = (1, 2, 4, 8)
 DRAFTS = SCHEMES[1:]
 CLOSED_FORM_PAIRS = 200
-alpha_st = st.floats(min_value=0.0, max_value=0.999, allow_nan=False)
-gamma_st = st.integers(min_value=1, max_value=16)
 
 
 @pytest.mark.claim("SPEC-VERIFY-COST")
@@ -120,7 +117,7 @@ def test_modified_acceptance_rule_samples_the_target(claim):
     )
     claim.verify(
         "arithmetic",
-        exact=bool(closed_form <= _law_bound(CLOSED_FORM_MAX_VOCAB) and chi2.pvalue >= 1e-3 and tv < 0.01),
+        exact=bool(closed_form <= spec.law_rounding_bound(CLOSED_FORM_MAX_VOCAB) and chi2.pvalue >= 1e-3 and tv < 0.01),
         closed_form_max_err=closed_form,
         chi2_pvalue=float(chi2.pvalue),
         tv=tv,
@@ -143,7 +140,7 @@ def test_expected_tokens_per_pass(claim):
         "arithmetic",
         max_abs_z=float(max(abs(v) for v in z.values())),
         series_max_err=spec.series_error(ALPHAS, GAMMAS),
-        series_err_over_bound=max(abs(spec.expected_tokens(a, g) - sum(a**k for k in range(g + 1))) / _geometric_bound(a, g) for a in ALPHAS for g in GAMMAS),
+        series_err_over_bound=max(abs(spec.expected_tokens(a, g) - sum(a**k for k in range(g + 1))) / spec.expected_tokens_rounding_bound(a, g) for a in ALPHAS for g in GAMMAS),
         cells=len(z),
         passes_per_cell=passes,
     )
@@ -293,51 +290,4 @@ def test_a_low_acceptance_draft_slows_generation_down(claim, stand_in, quantized
 # ------------------------------------------------------------------------------------------------
 
 
-U64 = rounding.unit_roundoff(torch.float64)  # 2^-53
 CLOSED_FORM_MAX_VOCAB = 12  # spec.closed_form_error's default
-
-
-def _geometric_bound(alpha: float, gamma: int) -> float:
-    """|(1 - a^(g+1)) / (1 - a) - sum_k a^k| in float64, a priori.
-
-    The closed form: the power within 2u relative (pow to 1 ulp), 1 - a^(g+1) adds u of itself,
-    1 - a one u and the division one: at most 6u / (1 - a) absolute. The sum: each power within
-    2u of a^k, g + 1 sums of at most u E (E <= g + 1): (g + 2) u E.
-    """
-    return U64 * (6 / (1 - alpha) + (gamma + 2) * (gamma + 1))
-
-
-def _law_bound(vocab: int) -> float:
-    """Bound of |P - p| of the closed-form output law in float64, for p and q normalised in float64 over ``vocab`` tokens.
-
-    P = min(p, q) + (1 - sum min(p, q)) r / sum r with r = max(0, p - q) is p exactly when sum p = 1;
-    normalising leaves sum p within u of 1; the quotient, products and differences are one rounding
-    each, each sum of V terms V - 1: at most 2V + 10 roundings of at most u of a number <= 1: gamma_{2V+10}(2^-53).
-    """
-    return rounding.gamma(2 * vocab + 10, U64)
-
-
-@given(alpha_st, gamma_st)
-def test_expected_tokens_is_the_geometric_sum(alpha, gamma):
-    e = spec.expected_tokens(alpha, gamma)
-    assert abs(e - sum(alpha**k for k in range(gamma + 1))) <= _geometric_bound(alpha, gamma)
-    assert 1.0 <= e <= gamma + 1
-    assert spec.expected_tokens(alpha, gamma + 1) >= e
-
-
-@given(alpha_st, gamma_st, st.floats(0.0, 1.0))
-def test_speedup_falls_with_the_drafts_cost(alpha, gamma, c):
-    s = spec.speedup(alpha, gamma, c)
-    assert spec.speedup(alpha, gamma, 0.0) == spec.expected_tokens(alpha, gamma)  # E / (0 + 1): a division by 1 is exact
-    assert spec.speedup(alpha, gamma, min(1.0, c + 0.1)) <= s
-    # g c + 1 (2 roundings), E / that and E / s (1 each), - 1 and / g (1 each): within (4 (g + 1) / g + 3) u of c
-    assert abs(spec.implied_c(s, alpha, gamma) - c) <= (4 * (gamma + 1) / gamma + 3) * U64
-
-
-@given(st.lists(st.floats(0.01, 1.0), min_size=2, max_size=12), st.lists(st.floats(0.01, 1.0), min_size=2, max_size=12))
-def test_output_law_of_the_acceptance_rule_is_the_target(pw, qw):
-    n = min(len(pw), len(qw))
-    p = torch.tensor(pw[:n], dtype=torch.float64)
-    q = torch.tensor(qw[:n], dtype=torch.float64)
-    p, q = p / p.sum(), q / q.sum()
-    assert bool(((spec.output_distribution(p, q) - p).abs() <= _law_bound(n)).all())

@@ -78,3 +78,22 @@ def order_unchanged(logits: torch.Tensor, temperature: float, k: int | None = No
     a = torch.argsort(distribution(logits), descending=True, stable=True)
     b = torch.argsort(distribution(logits, temperature), descending=True, stable=True)
     return bool(torch.equal(a[:k], b[:k]) if k else torch.equal(a, b))
+
+
+def root_ratio_bound(logits: torch.Tensor, t: float, i: int, j: int) -> float:
+    """Relative bound of |(p_T(i) / p_T(j)) / (p_1(i) / p_1(j))^(1/T) - 1| in float64 (logits exact in float64).
+
+    softmax(z / T) divides (u |z / T|), subtracts the max (u |a|, a = z / T - max), exponentiates
+    (2u: 1 ulp) and divides by the sum; in the ratio of two probabilities the sum cancels, leaving
+    u (|z_i / T| + |z_j / T| + |a_i| + |a_j|) + 4u + 2u for the two divisions and 1u for the ratio;
+    the root takes 1/T of the T = 1 ratio's error plus 2u (pow); the final quotient 1u.
+    """
+    u = 2.0**-53  # float64's unit roundoff
+    z = logits.double()
+
+    def ratio_err(temp):
+        x = z / temp
+        a = x - x.max()
+        return u * (x[i].abs() + x[j].abs() + a[i].abs() + a[j].abs() + 7)
+
+    return float(ratio_err(t) + ratio_err(1.0) / t + 3 * u)

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..runtime import hf
+from ..runtime import hf, rounding
 from .evaluation import greedy
 
 # ------------------------------------------------------------------------------------------------
@@ -332,3 +332,30 @@ def verify_callables(model, context: int, widths: Sequence[int], seed: int) -> d
 def grid(alphas: Sequence[float], gammas: Sequence[int], c: float) -> list[list[float]]:
     """Rows over alpha, columns over gamma: (E, speedup) pairs flattened as E then speedup per gamma."""
     return [[v for g in gammas for v in (expected_tokens(a, g), speedup(a, g, c))] for a in alphas]
+
+
+# ------------------------------------------------------------------------------------------------
+# a priori rounding bounds of the formulas in float64 (the claims' tests and the properties compare against them)
+# ------------------------------------------------------------------------------------------------
+
+_U64 = 2.0**-53  # float64's unit roundoff
+
+
+def expected_tokens_rounding_bound(alpha: float, gamma: int) -> float:
+    """|(1 - a^(g+1)) / (1 - a) - sum_k a^k| in float64, a priori.
+
+    The closed form: the power within 2u relative (pow to 1 ulp), 1 - a^(g+1) adds u of itself,
+    1 - a one u and the division one: at most 6u / (1 - a) absolute. The sum: each power within
+    2u of a^k, g + 1 sums of at most u E (E <= g + 1): (g + 2) u E.
+    """
+    return _U64 * (6 / (1 - alpha) + (gamma + 2) * (gamma + 1))
+
+
+def law_rounding_bound(vocab: int) -> float:
+    """Bound of |P - p| of the closed-form output law in float64, for p and q normalised in float64 over ``vocab`` tokens.
+
+    P = min(p, q) + (1 - sum min(p, q)) r / sum r with r = max(0, p - q) is p exactly when sum p = 1;
+    normalising leaves sum p within u of 1; the quotient, products and differences are one rounding
+    each, each sum of V terms V - 1: at most 2V + 10 roundings of at most u of a number <= 1: gamma_{2V+10}(2^-53).
+    """
+    return rounding.gamma(2 * vocab + 10, _U64)
