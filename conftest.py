@@ -1,6 +1,6 @@
 """Root conftest: the suite's fixtures live in fixtures/ as pytest plugins.
 
-fixtures/plugin.py: options, markers, device and profile fixtures, the claim recorder, the report.
+fixtures/plugin.py: the suite's plugin (options, selection, recording, profiles: see its docstring).
 fixtures/quant.py: quantized variants of the trained profiles, built once per session.
 fixtures/evaluation.py: the corpus, the battery and the evaluation table, built once per session.
 """

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from cheapinfer.runtime import accel, evidence, models, timing  # noqa: E402
 from cheapinfer.chapter import batching, kv, knee, paged_scheduler, scheduler, workload
 from cheapinfer.harness.registry import NOISE_SIGMAS  # noqa: E402
-from fixtures.plugin import on_profiles  # noqa: E402
+from fixtures.markers import on_profiles  # noqa: E402
 
 CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
 SLOTS = 8

@@ -12,7 +12,7 @@ import torch
 from cheapinfer.chapter import evaluation, independence, battery, perplexity
 from cheapinfer.harness import registry
 from cheapinfer.runtime import rounding
-from fixtures.plugin import on_profiles
+from fixtures.markers import on_profiles
 
 INT4 = ("int4-tensor", "int4-row", "int4-g128", "nf4")
 

@@ -15,7 +15,7 @@ from cheapinfer.runtime import accel, hf, rounding, timing
 from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
 from cheapinfer.runtime.arch import QWEN25_05B, Arch, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
-from fixtures.plugin import on_profiles
+from fixtures.markers import on_profiles
 
 MIB = 2**20
 TEXT_PROMPTS = (  # (prompt, new tokens) for profiles with a tokenizer

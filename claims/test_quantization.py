@@ -10,7 +10,7 @@ from cheapinfer.runtime import evidence, timing
 from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
 from cheapinfer.runtime.arch import QWEN25_05B
-from fixtures.plugin import on_profiles
+from fixtures.markers import on_profiles
 
 BOOK_DOWN_PROJ = "model.layers.12.mlp.down_proj.weight"
 STAND_IN_NOTE = (

@@ -354,7 +354,7 @@ def test_a_package_that_is_not_this_checkouts_is_one_line(tmp_path):
 
 
 def test_this_checkouts_package_is_accepted():
-    from fixtures.plugin import package_elsewhere
+    from fixtures.options import package_elsewhere
 
     assert package_elsewhere(ROOT / "cheapinfer") is None
     assert package_elsewhere(ROOT / "cheapinfer" / ".." / "cheapinfer") is None

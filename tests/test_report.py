@@ -144,13 +144,13 @@ def test_environment_record_names_hardware_driver_and_library_versions():
 
 def test_benchmark_json_carries_the_environment():
     """pytest-benchmark writes machine_info into benchmarks.json; the suite adds its environment record."""
-    from fixtures import plugin
+    from fixtures import recording
 
     class Config:
         stash = {"device": "cpu"}
 
     machine_info: dict = {}
-    plugin.pytest_benchmark_update_machine_info(Config(), machine_info)
+    recording.pytest_benchmark_update_machine_info(Config(), machine_info)
     assert all(machine_info["cheapinfer"].get(k) for k in ENV_KEYS)
     assert machine_info["cheapinfer"]["device"] == "cpu"
     assert "device" not in devices.environment(), "the run's environment record must not pick up the benchmark's device entry"

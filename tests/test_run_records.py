@@ -314,7 +314,7 @@ def test_an_interrupt_in_a_frame_without_a_line_number_is_rendered_not_crashed_o
     """Python 3.11+ may give an interrupted frame tb_lineno None; pytest's renderer then raised its own TypeError."""
     from _pytest._code.code import ExceptionInfo, Traceback, TracebackEntry
 
-    from fixtures import plugin
+    from fixtures import options, recording
 
     class NoLine:  # the raw traceback entry of such a frame
         def __init__(self, tb):
@@ -331,8 +331,8 @@ def test_an_interrupt_in_a_frame_without_a_line_number_is_rendered_not_crashed_o
     excinfo.traceback = Traceback(entries + [TracebackEntry(NoLine(entries[-1]._rawentry))])
     with pytest.raises(TypeError):
         excinfo.getrepr(funcargs=True)  # what the terminal reporter does with it
-    plugin.pytest_keyboard_interrupt(excinfo)
-    plugin._interrupted.clear()
+    recording.pytest_keyboard_interrupt(excinfo)
+    options.interrupted_by_user.clear()
     assert "KeyboardInterrupt" in str(excinfo.getrepr(funcargs=True))
 
 

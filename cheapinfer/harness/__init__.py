@@ -1,7 +1,11 @@
-"""claim -> verdict -> record -> report: the registry and its verdicts (``registry``), the run's record
-(``record``), the report writer (``report``), ``compare`` and ``merge`` of records, the ISA and stress
-matrix (``matrix``), the machine's load (``load``), the pytest options' entry point (``pytest_options``)
-and the one reader of the claim tests' source (``claimfiles``).
+"""claim -> verdict -> record -> report, and the suite's checks of its own verdicts.
+
+- ``registry`` (the claims, their checks and errata), ``verdict`` (the pure verdict), ``record`` (a run's
+  results and the fault record's vocabulary), ``schema`` (the one validator of a record), ``claimfiles``
+  (the one reader of the claim tests' source), ``load`` (the machine's load);
+- ``report`` (run.json and errata.md), ``errata`` (its errata sections), ``tables`` (Markdown building blocks);
+- ``compare`` and ``merge`` of records; ``matrix``, ``families`` and ``stress`` (``verify --isa-matrix``
+  and ``--stress``); ``pytest_options`` (the options' pytest11 entry point).
 
 No torch: nothing here imports it, so that reading, comparing and reporting records works anywhere
 (``tests/test_layout.py``). May import the modules of ``cheapinfer.runtime`` that load no torch (``cli``,
