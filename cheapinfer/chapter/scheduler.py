@@ -277,13 +277,5 @@ def validate(model, lengths: Sequence[int], slots: int) -> Validation:
     step_cost = {k: statistics.median(v) for k, v in samples.items()}
     sim = workload.compare(lengths, slots, step_cost)
     s, c = runs["static"], runs["continuous"]
-    real = {
-        "throughput_ratio": c.throughput / s.throughput,
-        "latency_ratio": s.mean_latency_s / c.mean_latency_s,
-        "service_latency_ratio": s.mean_service_s / c.mean_service_s,
-        "static_steps": s.steps,
-        "continuous_steps": c.steps,
-        "static_s": s.makespan_s,
-        "continuous_s": c.makespan_s,
-    }
+    real = {**workload.ratios(s, c), "static_s": s.makespan_s, "continuous_s": c.makespan_s}
     return Validation(sim, real, {"static": s, "continuous": c}, step_cost, evidence, {k: list(v) for k, v in samples.items()}, list(lengths), slots)

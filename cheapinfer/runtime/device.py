@@ -55,7 +55,8 @@ def pick(requested: str = "auto") -> torch.device:
     return device
 
 
-def _version(dist: str) -> str:
+def installed_version(dist: str) -> str:
+    """The installed version of the distribution ``dist``, or "not installed"."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -128,7 +129,7 @@ LIBRARIES = ("torch", "transformers", "bitsandbytes", "gguf", "accelerate", "num
 
 def library_versions() -> dict[str, str]:
     """Installed version of each of :data:`LIBRARIES` ("not installed" where absent)."""
-    return {dist: _version(dist) for dist in LIBRARIES}
+    return {dist: installed_version(dist) for dist in LIBRARIES}
 
 
 def map_untimed(fn: Callable[[T], R], items: Sequence[T], device: torch.device | str, workers: int | None = None) -> list[R]:
