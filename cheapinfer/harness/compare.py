@@ -41,7 +41,7 @@ from typing import Any
 
 from . import registry
 from ..runtime.cli import Parser
-from .record import ERROR_REASON, is_harness_error
+from .record import is_harness_error
 from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT, load
 from .tables import machine_label
@@ -95,11 +95,6 @@ def _by_profile(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
 def _unselected(results: dict[tuple[str, int], dict[str, Any]]) -> bool:
     """No result at all, or only the placeholder ``report.build`` writes for a test not selected in the run."""
     return not results or all(profile == "-" for profile, _ in results)
-
-
-def _errored(result: dict[str, Any] | None) -> bool:
-    """A result that is *not run* because its test failed before a verdict (not because it was skipped)."""
-    return bool(result) and is_harness_error(result)
 
 
 def _tolerance(q: str, claim: dict[str, Any], band: float) -> tuple[str, Any]:
@@ -217,7 +212,7 @@ def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -
             va = ra["verdict"] if ra else NO_TEST
             vb = rb["verdict"] if rb else NO_TEST
             if va != vb:
-                broke = vb == DEVIATES or (vb == NOT_RUN and _errored(rb))
+                broke = vb == DEVIATES or (rb is not None and is_harness_error(rb))
                 changes.append(Change(cid, key[0], "verdict", va, vb, "", va in BREAKABLE and broke))
             if not ra or not rb or NOT_RUN in (va, vb):
                 continue
@@ -283,20 +278,21 @@ def read_record(prog: str, path: Path) -> dict[str, Any]:
     return record
 
 
-def _reason_of(record: dict[str, Any], cid: str, profile: str) -> str:
-    """Why ``cid`` is *not run* on ``profile`` in ``record`` (its first not-run result there)."""
+def _not_run_result(record: dict[str, Any], cid: str, profile: str) -> dict[str, Any] | None:
+    """``cid``'s first *not run* result on ``profile`` in ``record``."""
     for r in record["claims"].get(cid, {}).get("results", []):
         if r["verdict"] == NOT_RUN and profile in ("-", r["profile"]):
-            return r.get("reason") or "no reason recorded"
-    return ""
+            return r
+    return None
 
 
 def annotate(changes: list[Change], after: dict[str, Any]) -> list[Change]:
     """Give every change to *not run* its reason, and mark those whose test raised before a verdict as harness errors."""
     for c in changes:
         if c.what == "verdict" and c.after == NOT_RUN:
-            c.reason = _reason_of(after, c.claim, c.profile)
-            c.harness = c.reason.startswith(ERROR_REASON)
+            result = _not_run_result(after, c.claim, c.profile)
+            c.reason = (result.get("reason") or "no reason recorded") if result else ""
+            c.harness = result is not None and is_harness_error(result)
     return changes
 
 

@@ -128,10 +128,6 @@ def deciding(result: dict[str, Any], claim: dict[str, Any]) -> dict[str, Any] | 
     return out
 
 
-def _errored(result: dict[str, Any]) -> bool:
-    return is_harness_error(result)
-
-
 def cell(claim: dict[str, Any] | None) -> dict[str, Any]:
     """One claim of one run: its verdict (``error`` when its test raised before one), the deciding value, and the
     reason of a *not run*. ``claim``: the claim's entry in a run record (None: the run has no record)."""
@@ -140,7 +136,7 @@ def cell(claim: dict[str, Any] | None) -> dict[str, Any]:
     results = [r for r in claim.get("results", []) if r.get("profile") != "-"]
     verdict = claim["verdict"]
     if verdict == NOT_RUN:
-        errored = [r for r in results if _errored(r)]
+        errored = [r for r in results if is_harness_error(r)]
         reason = (errored or results or claim.get("results") or [{}])[0].get("reason", "")
         return {"verdict": "error" if errored else NOT_RUN, "reason": reason}
     shown = next((r for r in results if r["verdict"] == verdict), None)
