@@ -5,46 +5,18 @@ and regenerate the chapter's lost tables in its shape. Timing sizes are chosen s
 runs in a few minutes on a 2-core CPU with the fp32 twin.
 """
 
-import math
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from cheapinfer.runtime import accel, hf, rounding, timing
+from cheapinfer.runtime import accel, plots, rounding, timing
 from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
-from cheapinfer.runtime.arch import QWEN25_05B, Arch, qwen2_config
+from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
 from fixtures.markers import on_profiles
 
 MIB = 2**20
-TEXT_PROMPTS = (  # (prompt, new tokens) for profiles with a tokenizer
-    ("The capital of France is", 16),
-    ("def fibonacci(n):", 12),
-    ("Once upon a time, in a small village by the sea,", 8),
-)
-TWIN_PROMPTS = ((5, 8), (17, 12))  # (prompt length, new tokens): random token ids, seeded
 
-
-def _random_ids(n: int, device, vocab: int = 32_000, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab, (batch, n), device=device)
-
-
-def _tiny_arch(layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> Arch:
-    """A small Qwen2 for counting and for the property test: the real code path, small enough for
-    fp16 on a CPU (which has no fast fp16 matmul)."""
-    return Arch("tiny-qwen2", layers, 64, heads, kv_heads, head_dim, 64, 256, True, True, 10_000.0, 1e-6, 4096)
-
-
-def _tiny_model(arch: Arch, dtype=torch.float32):
-    config = qwen2_config(arch, head_dim=arch.head_dim, bos_token_id=0, eos_token_id=1, attn_implementation="eager")
-    return hf.from_config(config).to(dtype)
-
-
-def _twin_on_meta(dtype=torch.float16, **overrides):
-    """The twin's architecture on the meta device: every op runs with real shapes and dtypes, none with data."""
-    model = kv_macs.meta_model(qwen2_config(QWEN25_05B, **overrides))
-    return model.to(dtype)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -56,7 +28,7 @@ def _twin_on_meta(dtype=torch.float16, **overrides):
 @pytest.mark.claim("KV-IDENTITY")
 def test_cached_greedy_generation_equals_full_recomputation(claim, profile):
     """KV-IDENTITY: "greedy generation with the KV cache ... yields exactly the tokens of full recomputation" ("Dit is geen benadering")."""
-    cases = _prompts(profile)
+    cases = kv_evidence.prompts(profile)
     rows, all_agree = [], True
     judge = rounding.GreedyJudge(profile.model)
     for name, ids, new in cases:
@@ -69,15 +41,15 @@ def test_cached_greedy_generation_equals_full_recomputation(claim, profile):
                 ["prompt", "P", "new tokens", "identical", "comparison"], rows)
     name, ids, _ = cases[0]
     evidence = kv_evidence.generation_evidence(profile.model, ids, 4)
-    claim.note(f"cache use traced on {name} over {evidence['decode_steps_traced']} decode steps: {_evidence_text(evidence)}")
-    claim.verify(profile.name, identical=all_agree, **_cache_use(evidence))
+    claim.note(f"cache use traced on {name} over {evidence['decode_steps_traced']} decode steps: {kv_evidence.describe(evidence)}")
+    claim.verify(profile.name, identical=all_agree, **kv_evidence.cache_use(evidence))
 
 
 @on_profiles("stand-in", "twin")
 @pytest.mark.claim("KV-API")
 def test_chapter_listing_runs_on_installed_transformers(claim, profile):
     """KV-API: the listing calls "model(prompt_ids, use_cache=True)", reads "out.past_key_values", feeds it back with "past_key_values=past"."""
-    ids = _prompts(profile)[0][1]
+    ids = kv_evidence.prompts(profile)[0][1]
     api = kv_listing.listing_api(profile.model, ids, 8)
     for key in ("error", "replacement_error"):
         if key in api:
@@ -88,23 +60,6 @@ def test_chapter_listing_runs_on_installed_transformers(claim, profile):
                 [["model(nxt, past_key_values=past, ...)", api["cache_argument"]], ["out.past_key_values", api["cache_attribute"]]])
     claim.verify(profile.name, runs=api["runs"], cache_argument=api["cache_argument"], cache_attribute=api["cache_attribute"],
                  replacement_runs=api["replacement_runs"])
-
-
-def _prompts(profile):
-    """(name, ids [1, P], new tokens): text prompts where the profile has a tokenizer, seeded random ids elsewhere."""
-    if profile.tokenizer is None:
-        return [(f"{n} random ids", _random_ids(n, profile.device), new) for n, new in TWIN_PROMPTS]
-    return [(repr(text), profile.tokenizer(text, return_tensors="pt").input_ids.to(profile.device), new) for text, new in TEXT_PROMPTS]
-
-
-def _cache_use(evidence: dict) -> dict:
-    """The measured values every claim that relies on a cache hands to verify."""
-    return {"cache_grows_by_one": evidence["cache_grows_by_one"], "logit_change_vs_no_context": evidence["logit_change_vs_no_context"]}
-
-
-def _evidence_text(evidence: dict) -> str:
-    return (f"cache grows by one per step: {evidence['cache_grows_by_one']}; smallest relative logit change against a cache-less "
-            f"forward of the token alone: {evidence['logit_change_vs_no_context']:.3g}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -124,7 +79,7 @@ def test_cache_tensors_hold_12288_bytes_per_token_over_every_shape(claim, twin_f
     if device.type == "cuda":
         model, where = twin_factory("fp16").model, f"the fp16 twin on {device}"
     else:  # fp16 matmuls on a CPU take ~30 s for this prompt; shapes and dtypes do not need the arithmetic
-        model, where = _twin_on_meta(torch.float16), "the fp16 twin's architecture on the meta device (shapes and dtypes only)"
+        model, where = kv_macs.twin_on_meta(torch.float16), "the fp16 twin's architecture on the meta device (shapes and dtypes only)"
     ids = torch.zeros((1, 295), dtype=torch.long, device=next(model.parameters()).device)
     with torch.inference_mode():
         cache = kv.returned_cache(model(ids, use_cache=True))
@@ -142,9 +97,9 @@ def test_cache_tensors_hold_12288_bytes_per_token_over_every_shape(claim, twin_f
         head_dim=st.sampled_from([8, 16, 32]),
     )
     def formula_matches_cache(batch, length, dtype, layers, kv_heads, group, head_dim):
-        arch = _tiny_arch(layers, kv_heads * group, kv_heads, head_dim)
+        arch = kv_macs.tiny_arch(layers, kv_heads * group, kv_heads, head_dim)
         torch.manual_seed(0)
-        small = _tiny_model(arch, dtypes[dtype])
+        small = kv_macs.tiny_model(arch, dtypes[dtype])
         with torch.inference_mode():
             c = kv.returned_cache(small(torch.randint(0, arch.vocab, (batch, length)), use_cache=True))
         element = torch.empty((), dtype=dtypes[dtype]).element_size()
@@ -172,7 +127,7 @@ def test_cache_tensors_hold_12288_bytes_per_token_over_every_shape(claim, twin_f
 @pytest.mark.claim("KV-RESIDENT-ONLY")
 def test_cache_depends_only_on_resident_tokens(claim):
     """KV-RESIDENT-ONLY: "32x2.048, 64x1.024, 128x512 tokens: de cache is telkens 768 MB, omdat alle drie 65.536 tokens bevatten"."""
-    model = _twin_on_meta(torch.float16)
+    model = kv_macs.twin_on_meta(torch.float16)
     rows, sizes, tokens = [], set(), set()
     for batch, each in ((32, 2048), (64, 1024), (128, 512)):
         formula = kv.cache_bytes(batch, each, QWEN25_05B, 2)
@@ -196,7 +151,7 @@ def test_full_multi_head_cache_would_be_7x(claim):
     """KV-MHA-7X: "met volledige multi-head attention zou zijn cache 86,016 bytes per token zijn — 84 KB in plaats van 12 KB, exact zeven keer meer"."""
     measured, matches = {}, True
     for kv_heads in (QWEN25_05B.kv_heads, QWEN25_05B.heads):
-        model = _twin_on_meta(torch.float16, num_key_value_heads=kv_heads)
+        model = kv_macs.twin_on_meta(torch.float16, num_key_value_heads=kv_heads)
         with torch.inference_mode():
             cache = kv.returned_cache(model(torch.zeros((1, 1), dtype=torch.long, device="meta"), use_cache=True))
         measured[kv_heads] = kv.dynamic_cache_bytes(cache)
@@ -244,7 +199,7 @@ def test_recompute_builds_67mb_of_scores_cache_16kb(claim, device):
     re_bytes, c_bytes = s_re.numel() * s_re.element_size(), s_c.numel() * s_c.element_size()
     claim.note(f"score tensors built: {tuple(s_re.shape)} {s_re.dtype} ({re_bytes:,} B = {re_bytes / MIB:g} MiB) and {tuple(s_c.shape)} {s_c.dtype} ({c_bytes:,} B)")
     diff = (out_re - out_c).abs().double()  # [1, d]
-    bound = 2 * _head_row_bound(head)
+    bound = 2 * kv.head_row_bound(head)
     claim.note(f"cached step's output against the recompute step's last row: max |difference| {diff.max().item():.3g}, "
                f"{(diff / bound).max().item():.3g} of its a-priori bound (largest bound {bound.max().item():.3g})")
     claim.verify("arithmetic", recompute_mb=re_bytes / 1e6, cached_kb=c_bytes / 1e3, recompute_bytes=re_bytes,
@@ -252,50 +207,11 @@ def test_recompute_builds_67mb_of_scores_cache_16kb(claim, device):
                  cached_minus_recompute_over_bound=(diff / bound).max().item())
 
 
-def _head_row_bound(head: kv.Head) -> torch.Tensor:
-    """First-order probable bound (float64, ``[1, d]``) of the fp32 error of the head's step-n output, by either path.
-
-    The step in float64 with a zero perturbation after every operation, each with the squared
-    bounds of the single roundings it stands for (u = 2^-24; m: the magnitude |x||W| a rounding is
-    relative to): q, k, v, h = 896 products and sums each, 2h (u m)^2; each score, 2d + 2 roundings
-    of u |q||k| / sqrt(d) (the dot product and the scale); each probability, the max-subtraction
-    (u |s - max| P), exp (2 of u P) and the division (u P), and the normaliser's n sums, which scale
-    every probability alike (n u^2); each output, 2n roundings of u sum_s P_s |v_s|. The bound of
-    output j is LAMBDA sqrt(sum (d o_j / d site)^2 x its squares) (Hoeffding, as in
-    cheapinfer.runtime.rounding). Both paths compute this function (the cache holds keys and values
-    projected in another product shape), so they differ by at most twice it.
-    """
-    u = rounding.unit_roundoff(head.x.dtype)
-    x, wq, wk, wv = (t.double().cpu() for t in (head.x, head.wq, head.wk, head.wv))
-    n, h = x.shape
-    zero = {name: torch.zeros(shape, dtype=torch.float64, requires_grad=True) for name, shape in
-            (("q", (1, head.d)), ("k", (n, head.d)), ("v", (n, head.d)), ("s", (1, n)), ("p", (1, n)), ("z", (1, 1)), ("o", (1, head.d)))}
-    with torch.enable_grad():
-        q, k, v = x[-1:] @ wq + zero["q"], x @ wk + zero["k"], x @ wv + zero["v"]  # [1, d], [n, d], [n, d]
-        s = (q @ k.T) / math.sqrt(head.d) + zero["s"]  # [1, n]
-        p = (s.softmax(-1) + zero["p"]) * (1 + zero["z"])
-        o = p @ v + zero["o"]  # [1, d]
-        sd, pd = s.detach(), p.detach()
-        squares = {
-            "q": 2 * h * (u * (x[-1:].abs() @ wq.abs())) ** 2,
-            "k": 2 * h * (u * (x.abs() @ wk.abs())) ** 2,
-            "v": 2 * h * (u * (x.abs() @ wv.abs())) ** 2,
-            "s": (2 * head.d + 2) * (u * (q.detach().abs() @ k.detach().abs().T) / math.sqrt(head.d)) ** 2,
-            "p": (u * (sd - sd.max()).abs() * pd) ** 2 + 3 * (u * pd) ** 2,
-            "z": torch.full((1, 1), n * u**2, dtype=torch.float64),
-            "o": 2 * n * (u * (pd @ v.detach().abs())) ** 2,
-        }
-        eye = torch.eye(head.d, dtype=torch.float64)[:, None, :]  # [d, 1, d]: one backward per output, batched
-        grads = torch.autograd.grad(o, list(zero.values()), grad_outputs=eye, is_grads_batched=True)  # each [d, *site]
-    total = sum((g**2 * squares[name]).flatten(1).sum(1) for g, name in zip(grads, zero))  # [d]
-    return rounding.LAMBDA * total.sqrt()[None, :]
-
-
 @pytest.mark.claim("KV-MACS")
 def test_generation_macs_cubic_uncached_quadratic_cached(claim):
     """KV-MACS: "per stap lineair ... kwadratisch; opgeteld $O(T^2)$ tegenover $O(T^3)$, waarbij de verhouding onbeperkt groeit"."""
-    tiny = _tiny_arch()
-    counted = kv_macs.counted_degrees(_twin_on_meta(torch.float32), QWEN25_05B, _tiny_model(tiny), tiny)
+    tiny = kv_macs.tiny_arch()
+    counted = kv_macs.counted_degrees(kv_macs.twin_on_meta(torch.float32), QWEN25_05B, kv_macs.tiny_model(tiny), tiny)
     claim.table(f"MACs counted op by op vs the closed form: one step at t tokens (Qwen2.5-0.5B architecture, meta device); whole "
                 f"generations of T tokens (small Qwen2: {tiny.layers} layers, {tiny.heads} heads, {tiny.kv_heads} KV heads)",
                 ["path", "unit", "t or T", "counted", "closed form"], [[*r[:3], f"{r[3]:,}", f"{r[4]:,}"] for r in counted["rows"]])
@@ -320,7 +236,7 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
     total, prompt = 256, 16
     if device.type == "cuda":
         model = twin_factory("fp16").model
-        ids = _random_ids(prompt, device)
+        ids = kv_evidence.random_ids(prompt, device)
         uncached = kv.peak_above_resident(lambda: kv.greedy_uncached(model, ids, total - prompt), device)
         cached = kv.peak_above_resident(lambda: kv.greedy_cached(model, ids, total - prompt), device)
         evidence = kv_evidence.generation_evidence(model, ids, 3)
@@ -331,7 +247,7 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
         # forward over 255 tokens, run as the last of two steps of the suite's uncached generation), and
         # for the cache the prefill or a step against a 255-token cache (which stays resident).
         model = twin_factory("fp32").model
-        ids = _random_ids(total - 2, device)
+        ids = kv_evidence.random_ids(total - 2, device)
         with torch.inference_mode():
             uncached = kv.last_step_peak(kv.greedy_uncached, model, ids, 2, device)
             prefill_peak = kv.peak_above_resident(lambda: kv.greedy_cached(model, ids[:, :prompt], 1), device)
@@ -342,7 +258,7 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
         how = ("fp32 twin on cpu: live tensor bytes (LivePeak) at each generation's largest step: uncached = the step that yields "
                f"token {total}; cached = max(prefill of {prompt}, {total - 1}-token cache + one step)")
     claim.note(how)
-    claim.note(f"cached side: {_evidence_text(evidence)}")
+    claim.note(f"cached side: {kv_evidence.describe(evidence)}")
     claim.table("Peak memory above resident weights, 256 tokens", ["generation", "peak MiB"],
                 [["uncached", f"{uncached / MIB:.2f}"], ["cached", f"{cached / MIB:.2f}"], ["uncached / cached", f"{uncached / cached:.2f}"]])
     claim.verify("twin", ratio=uncached / cached, uncached_bytes=uncached, cached_bytes=cached, cache_grows_by_one=evidence["cache_grows_by_one"])
@@ -363,7 +279,7 @@ def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
     # its launch floor, where recomputation costs what a cached step does: 1,024 prompt tokens put the
     # uncached forwards in the compute-bound regime the cost model (the check's why) describes.
     new, marks, rounds = 48, (1, 6, 12, 24, 48), 3
-    ids = _random_ids(4 if profile.device.type == "cpu" else 1024, profile.device)
+    ids = kv_evidence.random_ids(4 if profile.device.type == "cpu" else 1024, profile.device)
     kv.greedy_cached(profile.model, ids, 2)  # warm-up, once, outside the clock
     # Each round times one whole generation of each kind; the time to token k of it is the series "<kind>@k".
     variants = {name: kv.marked_generation(generate, profile.model, ids, new, marks, profile.device)
@@ -374,10 +290,10 @@ def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
                 f"{len(samples['cached'].seconds)} interleaved rounds)", ["T", "uncached s", "cached s", "speedup"],
                 [[k, f"{at[k]['uncached']:.3f}", f"{at[k]['cached']:.3f}", f"{at[k]['uncached'] / at[k]['cached']:.2f}"] for k in marks])
     evidence = kv_evidence.generation_evidence(profile.model, ids, 4)
-    claim.note(f"the cached generation, traced over 4 tokens: {_evidence_text(evidence)}")
+    claim.note(f"the cached generation, traced over 4 tokens: {kv_evidence.describe(evidence)}")
     claim.note(describe_timed(samples, f"generation of {new} tokens"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, kv.speedup_quantities)), rounds=len(samples["cached"].seconds),
-                 **timed_forwards(samples), **_cache_use(evidence))
+                 **timed_forwards(samples), **kv_evidence.cache_use(evidence))
 
 
 @pytest.mark.claim("KV-HEAD-TIMING")
@@ -412,7 +328,7 @@ def test_head_recompute_over_cached_grows_with_n(claim, timed, device):
     claim.table(f"One head (d = 64, width {QWEN25_05B.hidden}), one step at n, fp32 on {device}, median of "
                 f"{len(samples[f'cached n={ns[0]}'].seconds)} interleaved rounds",
                 ["n", "recompute ms", "cached ms", "ratio", "recompute score B", "cached score B"], rows)
-    claim.figure("kv-head-timing", _loglog(ns, {"recompute": [float(r[1]) for r in rows], "cached": [float(r[2]) for r in rows]},
+    claim.figure("kv-head-timing", plots.loglog(ns, {"recompute": [float(r[1]) for r in rows], "cached": [float(r[2]) for r in rows]},
                                            "n (tokens)", "ms per step", "One head: recompute vs cached step"))
     with torch.inference_mode():
         rows_built = heads[ns[-1]].cached()[1].shape[0]
@@ -425,11 +341,11 @@ def test_head_recompute_over_cached_grows_with_n(claim, timed, device):
 def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
     """KV-PREFILL-DECODE: "prefill 40 prompt tokens 25.6 ms/token; decode 166.5 ms/step; decode the expensive side"."""
     P = 40
-    ids = _random_ids(P, profile.device)
+    ids = kv_evidence.random_ids(P, profile.device)
     with torch.inference_mode():
         cache = kv.returned_cache(profile.model(ids, use_cache=True))
     evidence = kv_evidence.decode_step_evidence(profile.model, cache, P)
-    claim.note(f"the timed decode step, traced once: {_evidence_text(evidence)}")
+    claim.note(f"the timed decode step, traced once: {kv_evidence.describe(evidence)}")
 
     def quantities(t):  # one set of times -> the claim's clocked quantities (the absolute times are reported, never asserted)
         per_token = t["prefill"] / P
@@ -445,7 +361,7 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
                  ["one decode step", f"{decode * 1e3:.1f}", f"{decode * 1e3:.1f}"]])
     claim.note(describe_timed(samples, "prefill and decode step"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples["decode"].seconds),
-                 **timed_forwards(samples), **_cache_use(evidence))
+                 **timed_forwards(samples), **kv_evidence.cache_use(evidence))
 
 
 @pytest.mark.claim("KV-DECODE-FLAT")
@@ -456,18 +372,18 @@ def test_decode_step_is_flat_in_context(claim, twin, timed):
     traced = [kv_evidence.decode_step_evidence(twin.model, caches[C], C) for C in (contexts[0], contexts[-1])]
     evidence = {"cache_grows_by_one": all(e["cache_grows_by_one"] for e in traced),
                 "logit_change_vs_no_context": min(e["logit_change_vs_no_context"] for e in traced)}
-    claim.note(f"the timed steps at C = {contexts[0]} and {contexts[-1]}, traced once: {_evidence_text(evidence)}")
+    claim.note(f"the timed steps at C = {contexts[0]} and {contexts[-1]}, traced once: {kv_evidence.describe(evidence)}")
     steps = {C: kv.decode_step(twin.model, caches[C], C) for C in contexts}
     ratio = lambda t: {"step_ratio": t[f"C={contexts[-1]}"] / t[f"C={contexts[0]}"]}  # noqa: E731  one set of times -> the claim's quantity
     samples = timed({f"C={C}": steps[C] for C in contexts}, rounds=7, warmup=1, quantities=ratio, forwards_of=twin.model)
     ms = [samples[f"C={C}"].median * 1e3 for C in contexts]
     claim.table(f"One decode step vs context C (twin {twin.dtype}, {twin.device}, median of 7 rounds)",
                 ["C", "ms per step", "vs C=16"], [[C, f"{m:.1f}", f"{m / ms[0]:.3f}"] for C, m in zip(contexts, ms)])
-    claim.figure("kv-decode-vs-context", _plot(contexts, {"decode step": ms}, "context C (tokens)", "ms per step",
+    claim.figure("kv-decode-vs-context", plots.lines(contexts, {"decode step": ms}, "context C (tokens)", "ms per step",
                                                "Decode step vs context (twin)", logx=True, zero=True))
     claim.note(describe_timed(samples, "decode step"))
     claim.verify("twin", **timing.measured(timing.estimates(samples, ratio)), rounds=len(samples[f"C={contexts[0]}"].seconds),
-                 **timed_forwards(samples), **_cache_use(evidence))
+                 **timed_forwards(samples), **kv_evidence.cache_use(evidence))
 
 
 @pytest.mark.claim("KV-DECODE-MEMBOUND")
@@ -476,7 +392,7 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
     C = 16
     cache = kv.random_cache(twin.config, C, twin.dtype, twin.device)
     evidence = kv_evidence.decode_step_evidence(twin.model, cache, C)
-    claim.note(f"the timed step, traced once: {_evidence_text(evidence)}")
+    claim.note(f"the timed step, traced once: {kv_evidence.describe(evidence)}")
     step = kv.decode_step(twin.model, cache, C)
     copy, copy_bytes = accel.copy_callable(accel.COPY_BYTES, twin.device)
     read, read_bytes = accel.read_callable(accel.COPY_BYTES, twin.device)
@@ -502,7 +418,7 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
         [f"decode efficiency ((weights + {C}-token cache) / step / copy bandwidth)", f"{found['decode_efficiency'].value:.2f}"],
     ])
     claim.note(describe_timed(samples, "decode step"))
-    claim.verify("twin", **timing.measured(found), rounds=len(samples["decode"].seconds), **timed_forwards(samples), **_cache_use(evidence))
+    claim.verify("twin", **timing.measured(found), rounds=len(samples["decode"].seconds), **timed_forwards(samples), **kv_evidence.cache_use(evidence))
 
 
 @pytest.mark.claim("KV-PREFILL-GROWS")
@@ -510,7 +426,7 @@ def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
     """KV-PREFILL-GROWS: "prefill time grows with prompt length P (time-to-first-token)"."""
     # A GPU runs short prompts at its kernel-launch floor: give it a range where arithmetic shows.
     lengths = (8, 32, 128, 256) if twin.device.type == "cpu" else (8, 128, 1024, 4096)
-    ids = _random_ids(max(lengths), twin.device)
+    ids = kv_evidence.random_ids(max(lengths), twin.device)
     kv.prefill(twin.model, ids[:, :8])()  # warm-up outside the clock
     quantities = lambda t: kv.prefill_growth([t[f"P={P}"] for P in lengths])  # noqa: E731  one set of times -> growth, worst_drop
     samples = timed({f"P={P}": kv.prefill(twin.model, ids[:, :P]) for P in lengths}, rounds=3, warmup=0, quantities=quantities,
@@ -519,32 +435,7 @@ def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
     claim.table(f"Prefill (time to first token) vs prompt length P (twin {twin.dtype}, {twin.device}, median of "
                 f"{len(samples[f'P={lengths[0]}'].seconds)} interleaved rounds)",
                 ["P", "ms", "ms per token"], [[P, f"{m:.1f}", f"{m / P:.2f}"] for P, m in zip(lengths, ms)])
-    claim.figure("kv-prefill-vs-prompt", _plot(lengths, {"prefill": ms}, "prompt length P (tokens)", "ms", "Prefill vs prompt length (twin)", zero=True))
+    claim.figure("kv-prefill-vs-prompt", plots.lines(lengths, {"prefill": ms}, "prompt length P (tokens)", "ms", "Prefill vs prompt length (twin)", zero=True))
     claim.note(describe_timed(samples, "prefill"))
     claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"P={lengths[0]}"].seconds),
                  **timed_forwards(samples))
-
-
-def _plot(xs, series, xlabel, ylabel, title, logx=False, zero=False):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for name, ys in series.items():
-        ax.plot(xs, ys, marker="o", label=name)
-    if logx:
-        ax.set_xscale("log", base=2)
-    if zero:
-        ax.set_ylim(bottom=0)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def _loglog(xs, series, xlabel, ylabel, title):
-    fig = _plot(xs, series, xlabel, ylabel, title, logx=True)
-    fig.axes[0].set_yscale("log")
-    return fig

@@ -33,7 +33,6 @@ MAY_IMPORT = {
 LIMIT = 450
 OVERSIZED: dict[str, int] = {
     "claims/test_batching.py": 596,
-    "claims/test_kv_cache.py": 550,
 }
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..runtime import hf
+from ..runtime import hf, rounding
 from ..runtime.arch import QWEN25_05B, Arch
 from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
 from ..runtime.timing import Marks, mark_name
@@ -162,6 +162,45 @@ class Head:
         v = torch.cat([self.v_cache, x @ self.wv])
         scores = ((x @ self.wq) @ k.T) / math.sqrt(self.d)  # [1, n] fp32
         return scores.softmax(-1) @ v, scores
+
+
+def head_row_bound(head: Head) -> torch.Tensor:
+    """First-order probable bound (float64, ``[1, d]``) of the fp32 error of the head's step-n output, by either path.
+
+    The step in float64 with a zero perturbation after every operation, each with the squared
+    bounds of the single roundings it stands for (u = 2^-24; m: the magnitude |x||W| a rounding is
+    relative to): q, k, v, h = 896 products and sums each, 2h (u m)^2; each score, 2d + 2 roundings
+    of u |q||k| / sqrt(d) (the dot product and the scale); each probability, the max-subtraction
+    (u |s - max| P), exp (2 of u P) and the division (u P), and the normaliser's n sums, which scale
+    every probability alike (n u^2); each output, 2n roundings of u sum_s P_s |v_s|. The bound of
+    output j is LAMBDA sqrt(sum (d o_j / d site)^2 x its squares) (Hoeffding, as in
+    cheapinfer.runtime.rounding). Both paths compute this function (the cache holds keys and values
+    projected in another product shape), so they differ by at most twice it.
+    """
+    u = rounding.unit_roundoff(head.x.dtype)
+    x, wq, wk, wv = (t.double().cpu() for t in (head.x, head.wq, head.wk, head.wv))
+    n, h = x.shape
+    zero = {name: torch.zeros(shape, dtype=torch.float64, requires_grad=True) for name, shape in
+            (("q", (1, head.d)), ("k", (n, head.d)), ("v", (n, head.d)), ("s", (1, n)), ("p", (1, n)), ("z", (1, 1)), ("o", (1, head.d)))}
+    with torch.enable_grad():
+        q, k, v = x[-1:] @ wq + zero["q"], x @ wk + zero["k"], x @ wv + zero["v"]  # [1, d], [n, d], [n, d]
+        s = (q @ k.T) / math.sqrt(head.d) + zero["s"]  # [1, n]
+        p = (s.softmax(-1) + zero["p"]) * (1 + zero["z"])
+        o = p @ v + zero["o"]  # [1, d]
+        sd, pd = s.detach(), p.detach()
+        squares = {
+            "q": 2 * h * (u * (x[-1:].abs() @ wq.abs())) ** 2,
+            "k": 2 * h * (u * (x.abs() @ wk.abs())) ** 2,
+            "v": 2 * h * (u * (x.abs() @ wv.abs())) ** 2,
+            "s": (2 * head.d + 2) * (u * (q.detach().abs() @ k.detach().abs().T) / math.sqrt(head.d)) ** 2,
+            "p": (u * (sd - sd.max()).abs() * pd) ** 2 + 3 * (u * pd) ** 2,
+            "z": torch.full((1, 1), n * u**2, dtype=torch.float64),
+            "o": 2 * n * (u * (pd @ v.detach().abs())) ** 2,
+        }
+        eye = torch.eye(head.d, dtype=torch.float64)[:, None, :]  # [d, 1, d]: one backward per output, batched
+        grads = torch.autograd.grad(o, list(zero.values()), grad_outputs=eye, is_grads_batched=True)  # each [d, *site]
+    total = sum((g**2 * squares[name]).flatten(1).sum(1) for g, name in zip(grads, zero))  # [d]
+    return rounding.LAMBDA * total.sqrt()[None, :]
 
 
 def config_head_dim(config) -> int:

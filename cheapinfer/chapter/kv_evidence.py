@@ -4,7 +4,7 @@ forwards (forward hooks) from outside the code under test.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -56,3 +56,38 @@ def decode_step_evidence(model, cache, context: int) -> dict[str, object]:
     with hf.ForwardTrace(model) as trace:
         step()
     return cache_evidence(model, trace.forwards, context)
+
+
+# ------------------------------------------------------------------------------------------------
+# the prompts the cache claims run, and what they hand to verify
+# ------------------------------------------------------------------------------------------------
+
+TEXT_PROMPTS = (  # (prompt, new tokens) for profiles with a tokenizer
+    ("The capital of France is", 16),
+    ("def fibonacci(n):", 12),
+    ("Once upon a time, in a small village by the sea,", 8),
+)
+TWIN_PROMPTS = ((5, 8), (17, 12))  # (prompt length, new tokens): random token ids, seeded
+
+
+def random_ids(n: int, device, vocab: int = 32_000, batch: int = 1) -> torch.Tensor:
+    """``[batch, n]`` token ids drawn from torch's global generator (seeded by the suite)."""
+    return torch.randint(0, vocab, (batch, n), device=device)
+
+
+def prompts(profile) -> Sequence[tuple[str, torch.Tensor, int]]:
+    """(name, ids [1, P], new tokens): text prompts where the profile has a tokenizer, seeded random ids elsewhere."""
+    if profile.tokenizer is None:
+        return [(f"{n} random ids", random_ids(n, profile.device), new) for n, new in TWIN_PROMPTS]
+    return [(repr(text), profile.tokenizer(text, return_tensors="pt").input_ids.to(profile.device), new) for text, new in TEXT_PROMPTS]
+
+
+def cache_use(evidence: dict) -> dict:
+    """The measured values every claim that relies on a cache hands to verify."""
+    return {"cache_grows_by_one": evidence["cache_grows_by_one"], "logit_change_vs_no_context": evidence["logit_change_vs_no_context"]}
+
+
+def describe(evidence: dict) -> str:
+    """One line for the report: what the traced forwards showed."""
+    return (f"cache grows by one per step: {evidence['cache_grows_by_one']}; smallest relative logit change against a cache-less "
+            f"forward of the token alone: {evidence['logit_change_vs_no_context']:.3g}")

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ..runtime import hf
-from ..runtime.arch import QWEN25_05B, Arch
+from ..runtime.arch import QWEN25_05B, Arch, qwen2_config
 from . import kv
 
 # ------------------------------------------------------------------------------------------------
@@ -123,3 +123,26 @@ def counted_degrees(model, arch: Arch, tiny_model, tiny_arch: Arch, steps_at: tu
         out["rows"] += [[kind, "generation", n, c, f] for n, c, f in zip(totals_at, totals, closed_totals)]
     out["closed_form_matches_count"] = matches
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the models the counts run on
+# ------------------------------------------------------------------------------------------------
+
+
+def tiny_arch(layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> Arch:
+    """A small Qwen2 for counting and for the cache-shape property test: the real code path, small enough for
+    fp16 on a CPU (which has no fast fp16 matmul)."""
+    return Arch("tiny-qwen2", layers, 64, heads, kv_heads, head_dim, 64, 256, True, True, 10_000.0, 1e-6, 4096)
+
+
+def tiny_model(arch: Arch, dtype: torch.dtype = torch.float32):
+    """A seeded-at-random Qwen2 of ``arch`` (eager attention), on the CPU, in ``dtype``."""
+    config = qwen2_config(arch, head_dim=arch.head_dim, bos_token_id=0, eos_token_id=1, attn_implementation="eager")
+    return hf.from_config(config).to(dtype)
+
+
+def twin_on_meta(dtype: torch.dtype = torch.float16, **overrides):
+    """The twin's architecture (``overrides``: config fields changed) on the meta device: every op runs with real
+    shapes and dtypes, none with data."""
+    return meta_model(qwen2_config(QWEN25_05B, **overrides)).to(dtype)
