@@ -1,253 +1,52 @@
-"""Section 2 of the chapter: batching, continuous batching and the paged KV cache."""
+"""Section 2 of the chapter: batching, continuous batching and the paged KV cache.
 
-import copy
+The batch curve and the serving models are fixtures (``fixtures/batch_curve.py``); the setting the claims share and
+the curve's quantities are :mod:`cheapinfer.chapter.batch_curve`.
+"""
+
 import math
 import statistics
 
-import matplotlib
+import pytest
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from cheapinfer.runtime import accel, evidence, models, timing  # noqa: E402
+from cheapinfer.runtime import accel, evidence, models, plots, timing
 from cheapinfer.chapter import batching, kv, knee, paged_scheduler, scheduler, workload
-from cheapinfer.harness.registry import NOISE_SIGMAS  # noqa: E402
-from fixtures.markers import on_profiles  # noqa: E402
-
-CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
-SLOTS = 8
-KNEE_GAIN = 1.25  # a doubling of the batch that buys less than this is past the knee
-ROUNDS = 5  # median of 5 interleaved rounds (more while a noisy check cannot decide): the batch-128 step dominates on 2 CPU cores
-#: The claims of this module that read the batch curve, measured once for all of them (the rounds serve every one).
-CURVE_CLAIMS = ("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "BAT-STATIC-CONT")
-# Lengths of the real static-vs-continuous run are divided by this on CPU (same skew, fewer steps).
-CPU_LENGTH_SCALE = 16
-DRAWS = 200  # other workloads with the book's printed statistics, for the ratios' sensitivity to the lengths
-
-
-def _threads(device: torch.device) -> int | None:
-    """CPU steps run on the suite's timing threads (see timing.TIMING_THREADS)."""
-    return timing.TIMING_THREADS if device.type == "cpu" else None
-
-
-def _powers(up_to: int) -> list[int]:
-    return [2**i for i in range(up_to.bit_length()) if 2**i <= up_to]
-
-
-def _batch_sizes(claims: set[str], device: torch.device) -> list[int]:
-    """The batch sizes the selected claims need, measured together in one interleaved run.
-
-    BAT-1-TO-16: 1, 2, 4, 8, 16. BAT-STATIC-CONT: 1..8 (the step costs of 1..8 occupied slots).
-    BAT-KNEE and BAT-TRADEOFF: the powers of two up to 128 (256 on CUDA, where it is cheap), the rows of the
-    chapter's table. Where the knee lies beyond them, BAT-KNEE's own search doubles on
-    (:func:`cheapinfer.chapter.knee.search_knee`): with AMX bf16 kernels one CPU thread still gained 1.31x at
-    128 -> 256 and 1.07x at 256 -> 512. BAT-TRADEOFF compares every pair of what is measured here.
-    """
-    sizes = set(_powers(16))
-    if "BAT-STATIC-CONT" in claims:
-        sizes |= set(range(1, SLOTS + 1))
-    if "BAT-KNEE" in claims or "BAT-TRADEOFF" in claims:
-        sizes |= set(_powers(256 if device.type == "cuda" else 128))
-    return sorted(sizes)
-
-
-@pytest.fixture(scope="module")
-def _curves() -> dict:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def _copy_bandwidth() -> dict:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def _served_models() -> dict:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def _curve_evidence() -> dict:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def _curve_forwards() -> dict:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def _selected(request) -> tuple[str, ...]:
-    """The batch-curve claims of this run (all of them in a full run): the rounds are extended for their noisy checks."""
-    chosen = {m.args[0] for item in request.session.items for m in item.iter_markers("claim") if item.module is request.module}
-    return tuple(c for c in CURVE_CLAIMS if c in chosen)
-
-
-def _name(b: int) -> str:
-    return f"batch={b}"
-
-
-def _curve_quantities(sizes: list[int], selected: tuple[str, ...]):
-    """One set of step times (variant -> seconds) -> the clocked quantities the selected claims judge: BAT-1-TO-16's
-    gains from 1 to 16, every doubling's gains (BAT-KNEE), and BAT-STATIC-CONT's seeded ratios (the schedules
-    simulated with these step costs)."""
-    lengths = workload.skewed_lengths()
-
-    def quantities(t) -> dict[str, float]:
-        step = {b: t[_name(b)] for b in sizes}
-        out = {"throughput_gain": 16 * step[1] / step[16], "latency_gain": step[16] / step[1], **knee.doubling_quantities(step)}
-        if "BAT-STATIC-CONT" in selected:
-            r = workload.compare(lengths, SLOTS, {k: step[k] for k in range(1, SLOTS + 1)})
-            out["seeded_throughput_ratio"], out["seeded_latency_ratio"] = r["throughput_ratio"], r["latency_ratio"]
-        return out
-
-    return quantities
-
-
-def _knee_before_bound() -> float:
-    """The bound of BAT-KNEE's gain_before_knee check, read from the registry (the rounds are spent to decide it)."""
-    from cheapinfer.harness import registry
-
-    return float(next(c.bound for c in registry.get("BAT-KNEE").checks if c.q == "gain_before_knee"))
-
-
-@pytest.fixture
-def served(_served_models, twin_factory, device):
-    """``served(profile)``: the profile in the dtype the book's model is served in on this device (models.serving_dtype).
-
-    The batch claims are about a serving step: fp16 on a GPU, bf16 on a CPU. The twin comes from the
-    session's factory (same seeded weights); other profiles are cast once per module.
-    """
-    dtype = models.serving_dtype(device)
-
-    def get(profile: models.Profile) -> models.Profile:
-        if profile.name == "twin":
-            return twin_factory(dtype)
-        if profile.name not in _served_models:
-            model = profile.model if profile.dtype == models.DTYPES[dtype] else copy.deepcopy(profile.model).to(dtype=models.DTYPES[dtype])
-            _served_models[profile.name] = models.Profile(profile.name, model, profile.tokenizer, f"{profile.source}, served in {dtype}", dict(profile.notes))
-        return _served_models[profile.name]
-
-    return get
-
-
-@pytest.fixture
-def step_times(_curves, _copy_bandwidth, _curve_evidence, _curve_forwards, _selected, timed, device, served):
-    """``step_times(profile)``: batch size -> the seconds of one decode step in each round, measured once per module.
-
-    The step runs the profile in its serving dtype (see ``served``). Only the batch sizes the selected
-    claims of this module need are measured (all of them in a full run). The rounds go on, past ``ROUNDS``,
-    while a noisy check of a selected claim cannot decide (``timed(quantities=..., claims=...)``): BAT-1-TO-16's
-    gains, BAT-STATIC-CONT's seeded ratios, and for BAT-KNEE the doublings that keep its knee open
-    (:func:`cheapinfer.chapter.knee.knee_pending`). The device's copy bandwidth
-    (bytes/s) is timed in the same interleaved rounds, under the same load, into
-    ``_copy_bandwidth[profile.name]``: the bound that decode efficiency is read against. Each timed step
-    is then run once more under a trace, outside the clock, into ``_curve_evidence[profile.name]``: the
-    proof that every step used its cache (:mod:`cheapinfer.runtime.evidence`). Every timed call counts the forwards it ran,
-    into ``_curve_forwards[profile.name]`` (:func:`cheapinfer.runtime.evidence.timed_forwards`): the timed steps' own proof
-    that they computed.
-    """
-
-    def measure(profile) -> dict[int, list[float]]:
-        if profile.name not in _curves:
-            sizes = _batch_sizes(set(_selected), device)
-            model = served(profile).model
-            steps = {_name(b): batching.decode_step(model, b, CONTEXT) for b in sizes}
-            copy, moved = accel.copy_callable(accel.COPY_BYTES, device)
-            pending = None
-            if "BAT-KNEE" in _selected:
-                before = _knee_before_bound()
-                pending = lambda found: knee.knee_pending(found, KNEE_GAIN, NOISE_SIGMAS, before)  # noqa: E731
-            samples = timed({**steps, "copy": copy}, rounds=ROUNDS, warmup=1, quantities=_curve_quantities(sizes, _selected), claims=_selected, pending=pending,
-                            forwards_of=model, uncounted=("copy",))
-            _curve_forwards[profile.name] = evidence.timed_forwards(samples)
-            _curves[profile.name] = {b: list(samples[_name(b)].seconds) for b in sizes}
-            _copy_bandwidth[profile.name] = moved / samples["copy"].median
-            _curve_evidence[profile.name] = evidence.traced_each(model, steps)
-        return _curves[profile.name]
-
-    return measure
-
-
-def _serving(device: torch.device) -> dict[str, str]:
-    """The dtype the batch claims step the model in here, and why (on a CPU: the kernel family this run may use)."""
-    dtype = models.serving_dtype(device)
-    return {"serving_dtype": dtype, "serving_dtype_why": models.cpu_bf16_native()[1] if device.type == "cpu" else "fp16 on CUDA, as the chapter serves it"}
-
-
-def _medians(rounds: dict[int, list[float]]) -> dict[int, float]:
-    return {b: statistics.median(v) for b, v in rounds.items()}
-
-
-def _estimates(rounds: dict[int, list[float]], selected: tuple[str, ...]) -> dict[str, timing.Estimate]:
-    """The batch curve's clocked quantities with their standard errors over the rounds (:func:`_curve_quantities`)."""
-    samples = {_name(b): timing.Samples(_name(b), list(v)) for b, v in rounds.items()}
-    return timing.estimates(samples, _curve_quantities(sorted(rounds), selected))
-
-
-def _plot(points, name: str):
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    b = [p.batch for p in points]
-    ax.plot(b, [p.throughput for p in points], "o-", color="tab:blue", label="throughput")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size (requests, 64-token cache each)")
-    ax.set_ylabel("tokens / s", color="tab:blue")
-    ax2 = ax.twinx()
-    ax2.plot(b, [p.latency_s * 1e3 for p in points], "s--", color="tab:red", label="latency per request")
-    ax2.set_ylabel("latency per request (ms)", color="tab:red")
-    ax.set_title(f"One decode step, {name}")
-    return fig
-
-
-def _efficiency_plot(points, efficiency: dict[int, float], name: str):
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([p.batch for p in points], [efficiency[p.batch] for p in points], "o-", color="tab:green")
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("batch size (requests, 64-token cache each)")
-    ax.set_ylabel("bytes streamed / s over copy bandwidth")
-    ax.set_title(f"Decode efficiency, {name}")
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def _power_points(points):
-    return [p for p in points if p.batch & (p.batch - 1) == 0]
+from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving, threads
+from cheapinfer.harness.registry import NOISE_SIGMAS
+from fixtures.markers import on_profiles
 
 
 @pytest.mark.claim("BAT-1-TO-16")
 @on_profiles("twin", "book")
-def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, step_times, _copy_bandwidth, _curve_evidence, _curve_forwards, _selected):
+def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, step_times, copy_bandwidth, curve_evidence, curve_forwards, curve_claims):
     """BAT-1-TO-16: "From one request to sixteen multiplies throughput by 6.0 and the wait of every individual request by 2.67"."""
     rounds = step_times(profile)
-    points = batching.curve(_medians(rounds))
-    found = _estimates(rounds, _selected)
+    points = batching.curve(medians(rounds))
+    found = estimates(rounds, curve_claims)
     base = points[0]
-    claim.table("Batch size vs latency and throughput (64-token cache per request, one decode step)", batching.CURVE_HEADER, [p.row(base) for p in _power_points(points)])
-    claim.figure(f"bat-batch-curve-{profile.name}" if profile.name != "twin" else "bat-batch-curve", _plot(_power_points(points), profile.name))
+    claim.table("Batch size vs latency and throughput (64-token cache per request, one decode step)", batching.CURVE_HEADER, [p.row(base) for p in power_points(points)])
+    claim.figure(f"bat-batch-curve-{profile.name}" if profile.name != "twin" else "bat-batch-curve", plots.batch_curve(power_points(points), profile.name))
     # Decode efficiency: (weights + the batch's caches) / step time / the copy bandwidth measured in the same rounds. Reported.
-    bandwidth = _copy_bandwidth[profile.name]
+    bandwidth = copy_bandwidth[profile.name]
     step_bytes = {p.batch: kv.decode_bytes(served(profile).model, p.batch, CONTEXT) for p in points}
     efficiency = {p.batch: kv.decode_efficiency(step_bytes[p.batch], p.latency_s, bandwidth) for p in points}
     claim.table(f"Decode efficiency vs batch size (copy bandwidth {bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds)",
                 ["batch", "bytes per step", "step ms", "GB/s streamed", "efficiency"],
                 [[p.batch, f"{step_bytes[p.batch]:,}", f"{p.latency_s * 1e3:.1f}", f"{step_bytes[p.batch] / p.latency_s / 1e9:.1f}", f"{efficiency[p.batch]:.2f}"]
-                 for p in _power_points(points)])
+                 for p in power_points(points)])
     suffix = f"-{profile.name}" if profile.name != "twin" else ""
-    claim.figure(f"bat-decode-efficiency{suffix}", _efficiency_plot(_power_points(points), efficiency, profile.name))
-    used = _curve_evidence[profile.name]
+    claim.figure(f"bat-decode-efficiency{suffix}", plots.decode_efficiency(power_points(points), efficiency, profile.name))
+    used = curve_evidence[profile.name]
     claim.note(f"each timed step, traced once: {evidence.describe(used)}")
-    claim.note(f"forwards of the model run by the timed decode steps: at least {_curve_forwards[profile.name]['timed_forwards']} "
-               f"and at most {_curve_forwards[profile.name]['timed_forwards_max']} per call")
+    claim.note(f"forwards of the model run by the timed decode steps: at least {curve_forwards[profile.name]['timed_forwards']} "
+               f"and at most {curve_forwards[profile.name]['timed_forwards_max']} per call")
     claim.verify(
         profile.name,
         **evidence.conditions(used),
-        **_curve_forwards[profile.name],
+        **curve_forwards[profile.name],
         **timing.measured({q: found[q] for q in ("throughput_gain", "latency_gain")}),
         rounds=found["throughput_gain"].rounds,
-        **_serving(served(profile).device),
+        **serving(served(profile).device),
         step_ms={p.batch: round(p.latency_s * 1e3, 2) for p in points},
         tokens_per_s={p.batch: round(p.throughput, 3) for p in points},
         copy_gb_s=round(bandwidth / 1e9, 2),
@@ -256,7 +55,7 @@ def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, ste
 
 
 @pytest.mark.claim("BAT-KNEE")
-def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence, _curve_forwards, device):
+def test_batch_curve_has_a_knee(claim, twin, served, step_times, curve_evidence, curve_forwards, device):
     """BAT-KNEE: "From 16 to 32 throughput rises 9% while latency nearly doubles ... Every deployment has such a knee"."""
     model = served(twin).model
     config, dtype_bytes = model.config, next(model.parameters()).element_size()
@@ -268,7 +67,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
         return knee.stage_bytes(config, weights, small, large, CONTEXT, dtype_bytes)
 
     def measure(small: int, large: int, extra_s: float):
-        with timing.cpu_threads(_threads(device)):
+        with timing.cpu_threads(threads(device)):
             return knee.measure_doubling(model, small, large, extra_s, CONTEXT, ROUNDS, 1, KNEE_GAIN, NOISE_SIGMAS, device)
 
     curve = step_times(twin)
@@ -279,7 +78,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
     if k.batch is not None:  # "latency nearly doubles", measured again: the search's own rounds chose this doubling
         fresh, _, used_fresh = measure(k.batch, 2 * k.batch, max(budget.seconds - search.spent_s, 0.0))
         confirmed, fresh_evidence = knee.request_latency_gain(fresh, k.batch), [used_fresh]
-    tg, lg = batching.gains(batching.curve(_medians(curve)), 16, 32)
+    tg, lg = batching.gains(batching.curve(medians(curve)), 16, 32)
     searched = {(s.small, s.large) for s in search.stages}
     claim.table(
         f"Throughput gain per doubling of the batch (± standard error over the rounds; a doubling is past the knee when its latency gain "
@@ -305,11 +104,11 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
         else f"No doubling after the steepest one gained less than {KNEE_GAIN}x beyond the noise up to batch {search.searched_up_to}"
         + (f" (undecided: {k.undecided})" if k.undecided else "") + "."
     )
-    used = evidence.combine(_curve_evidence[twin.name], *(s.evidence for s in search.stages), *fresh_evidence)
+    used = evidence.combine(curve_evidence[twin.name], *(s.evidence for s in search.stages), *fresh_evidence)
     claim.verify(
         "twin",
         **evidence.conditions(used),
-        **_curve_forwards[twin.name],
+        **curve_forwards[twin.name],
         knee_found=k.batch is not None,
         knee_searched_up_to=search.searched_up_to,
         knee_searched_stopped=search.stopped,
@@ -330,7 +129,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, _curve_evidence
         latency_gain_16_32=lg,
         gains_per_doubling={f"{d.small}->{d.large}": round(d.gain, 3) for d in k.doublings},
         rounds_per_doubling={f"{d.small}->{d.large}": d.rounds for d in k.doublings},
-        **_serving(device),
+        **serving(device),
     )
 
 
@@ -339,7 +138,7 @@ KERNEL_ROUNDS = 11  # rounds of the matrix-product probe of a pair that improved
 
 
 @pytest.mark.claim("BAT-TRADEOFF")
-def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_factory, step_times, device, _curve_evidence, _curve_forwards):
+def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_factory, step_times, device, curve_evidence, curve_forwards):
     """BAT-TRADEOFF: "The batch made the server better and every user worse ... No setting improves both"."""
     rounds = step_times(twin)
     # The claim's settings are the batch curve's (powers of two, the rows of the chapter's table that BAT-1-TO-16 and
@@ -392,7 +191,7 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
                     ["pair", "products alone", "the kernel explains the pair"],
                     [[f"{a} -> {b}", probe.medians_ms(a, b), "yes" if (a, b) in explained else "no"] for a, b in t.beyond_noise])
     n = len(rounds[1])
-    claim.verify("twin", **evidence.conditions(_curve_evidence[twin.name]), **_curve_forwards[twin.name], pairs_improving_both=len(unexplained), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
+    claim.verify("twin", **evidence.conditions(curve_evidence[twin.name]), **curve_forwards[twin.name], pairs_improving_both=len(unexplained), pairs_improving_both_by_median=len(t.by_median), pairs_compared=t.pairs,
                  pairs_improving_both_any_pair=[list(p) for p in t.beyond_noise], pairs_kernel_inverted=[list(p) for p in explained],
                  kernel_premise_holds=not explained, kernel_premise_holds_why=premise_why,
                  rounds=n, false_alarm_per_pair=batching.equal_steps_false_alarm(rounds=n, draws=5_000),
@@ -406,19 +205,19 @@ def _spread_row(cost: str, ratio: str, values: list[float], meeting: str) -> lis
 
 
 @pytest.mark.claim("BAT-STATIC-CONT")
-def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_in, step_times, device, _curve_evidence, _curve_forwards, _selected):
+def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_in, step_times, device, curve_evidence, curve_forwards, curve_claims):
     """BAT-STATIC-CONT: "64 requests ... median 18 tokens, longest 231, 1,874 in total ... throughput improves 1.6x. Mean latency improves more than tenfold"."""
     lengths = workload.skewed_lengths()
     curve = step_times(twin)
-    twin_cost = {k: s for k, s in _medians(curve).items() if k <= SLOTS}
-    found = _estimates(curve, _selected)
+    twin_cost = {k: s for k, s in medians(curve).items() if k <= SLOTS}
+    found = estimates(curve, curve_claims)
     sens = workload.sensitivity(lengths, SLOTS, twin_cost, DRAWS)
     q = workload.Sensitivity.quantile
 
     # Validation: both policies for real on the stand-in, and the simulation fed with its step costs.
-    scale = 1 if device.type == "cuda" else CPU_LENGTH_SCALE
+    scale = length_scale(device)
     short = workload.scaled(lengths, scale)
-    with timing.cpu_threads(_threads(device)):
+    with timing.cpu_threads(threads(device)):
         v = scheduler.validate(stand_in.model, short, SLOTS)
     stand_cost = v.step_cost
 
@@ -455,7 +254,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         "(that it has them is a test of the generator, not of the claim); the book's ratios are judged on the median "
         f"over the {n} workloads."
     )
-    used = evidence.combine(_curve_evidence[twin.name], *v.evidence.values())
+    used = evidence.combine(curve_evidence[twin.name], *v.evidence.values())
     claim.note(f"the twin's timed steps, both real policies' steps and the probes, traced: {evidence.describe(used)}")
     seeded, sorted_order = workload.compare(lengths, SLOTS, twin_cost), workload.compare(sorted(lengths), SLOTS, twin_cost)
     claim.note(
@@ -466,7 +265,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     claim.verify(
         "twin",
         **evidence.conditions(used),
-        **_curve_forwards[twin.name],
+        **curve_forwards[twin.name],
         **workload.length_stats(lengths),
         throughput_ratio=q(sens.throughput, 0.5),
         latency_ratio=q(sens.latency, 0.5),
@@ -502,7 +301,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
 
 
 # The paged runs: 16-token blocks; each request of the 64-request workload has an 8-token prompt,
-# and on a CPU its output length is divided by CPU_LENGTH_SCALE (as in the real run of
+# and on a CPU its output length is divided by batch_curve.CPU_LENGTH_SCALE (as in the real run of
 # BAT-STATIC-CONT), as is the max-context reservation's 512 new tokens. Requests run alone too, to
 # compare their tokens: one every 16 in queue order (the first joins at once, the others as
 # earlier ones leave).
@@ -519,9 +318,9 @@ PAGE_SHARED_PROMPT = (
 @pytest.mark.claim("PAGE-WASTE")
 def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, stand_in, device):
     """PAGE-WASTE: "reserving its maximum possible context for every slot wastes most of the reservation" — fixed-size blocks with a block table do not."""
-    scale = 1 if device.type == "cuda" else CPU_LENGTH_SCALE
+    scale = length_scale(device)
     lengths, max_new = workload.scaled(workload.skewed_lengths(), scale), PAGE_MAX_NEW // scale
-    with timing.cpu_threads(_threads(device)):
+    with timing.cpu_threads(threads(device)):
         r = paged_scheduler.paged_waste(stand_in.model, lengths, SLOTS, PAGE_PROMPT, max_new, PAGE_BLOCK, compare=PAGE_COMPARE)
     w = r["waste"]
     kv_bytes = 2 * stand_in.config.num_hidden_layers * stand_in.config.num_key_value_heads * stand_in.config.head_dim * 4  # fp32, all layers
@@ -565,7 +364,7 @@ def test_shared_prefix_shares_its_full_blocks(claim, stand_in, device):
     prefix = tok(PAGE_SHARED_PROMPT)["input_ids"][:40]  # two full 16-token blocks and 8 tokens of a third
     assert len(prefix) == 40, f"the shared prompt has only {len(prefix)} tokens under this tokenizer"
     questions = [tok(q)["input_ids"] for q in (" What is the capital of France?", " Name three prime numbers larger than ten, please.")]
-    with timing.cpu_threads(_threads(device)):
+    with timing.cpu_threads(threads(device)):
         r = paged_scheduler.paged_prefix(stand_in.model, prefix, questions, new_tokens=8, block_size=PAGE_BLOCK)
     _note_alone(claim, r["alone"])
     claim.table(

@@ -19,7 +19,6 @@ from cheapinfer.chapter import evaluation, speculative as spec
 from cheapinfer.runtime import evidence, rounding, timing
 from cheapinfer.harness import registry
 from cheapinfer.chapter.quant import SCHEMES
-from fixtures.evaluation import SPEC_GAMMA
 from fixtures.markers import on_profiles
 
 ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -81,7 +80,7 @@ def test_greedy_speculation_yields_the_targets_tokens(claim, profile, reference_
     near = [f"{d}, prompt {i}: {c.describe()}" for d, cs in compared.items() for i, c in enumerate(cs) if not c.equal]
     claim.note("Every run gave the target's own tokens." if not near else "Where a run's tokens differ from the target's: " + "; ".join(near))
     claim.note(
-        f"Speculative loop: draft proposes gamma = {SPEC_GAMMA} tokens greedily from its KV cache, the target verifies them in one "
+        f"Speculative loop: draft proposes gamma = {spec.RUN_GAMMA} tokens greedily from its KV cache, the target verifies them in one "
         "cached forward pass, both caches are cropped to the kept sequence. Compared token by token with the target's plain "
         "greedy generate() on 3 prompts x 48 tokens, and on the first prompt (24 tokens) with transformers' assisted generation."
     )
@@ -228,8 +227,8 @@ def test_acceptance_rate_is_the_agreement_column(claim, profile, reference_conti
     for d in DRAFTS:
         evaluated = sum(r.evaluated for r in runs[d])
         kept = sum(len(r.tokens) for r in runs[d]) / sum(r.target_passes for r in runs[d])
-        rows.append([d, f"{alpha[d]:.3f} ({sum(r.accepted for r in runs[d])}/{evaluated})", f"{agree[d]:.3f} ({hits[d][0]}/{hits[d][1]})", f"{kept:.2f}", f"{spec.expected_tokens(alpha[d], SPEC_GAMMA):.2f}"])
-    claim.table(f"Acceptance per draft, gamma = {SPEC_GAMMA} ({profile.name})", ["draft", "alpha (accepted/judged)", "agreement", "tokens per target pass", "E at that alpha"], rows)
+        rows.append([d, f"{alpha[d]:.3f} ({sum(r.accepted for r in runs[d])}/{evaluated})", f"{agree[d]:.3f} ({hits[d][0]}/{hits[d][1]})", f"{kept:.2f}", f"{spec.expected_tokens(alpha[d], spec.RUN_GAMMA):.2f}"])
+    claim.table(f"Acceptance per draft, gamma = {spec.RUN_GAMMA} ({profile.name})", ["draft", "alpha (accepted/judged)", "agreement", "tokens per target pass", "E at that alpha"], rows)
     claim.verify(
         profile.name,
         **evidence.conditions(used),

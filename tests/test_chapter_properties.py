@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 from cheapinfer.chapter import budget, distill, paging, quant, speculative as spec, workload
 from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
 from cheapinfer.runtime import rounding
+from fixtures import strategies
 
 
 alpha_st = st.floats(min_value=0.0, max_value=0.999, allow_nan=False)
@@ -134,3 +135,23 @@ def test_output_law_of_the_acceptance_rule_is_the_target(pw, qw):
     q = torch.tensor(qw[:n], dtype=torch.float64)
     p, q = p / p.sum(), q / q.sum()
     assert bool(((spec.output_distribution(p, q) - p).abs() <= spec.law_rounding_bound(n)).all())
+
+
+@given(w=strategies.weights, scheme=st.sampled_from(strategies.INT_SCHEMES + ("nf4", "nf4-g16")))
+def test_the_suites_quantizer_stays_within_half_a_step(w, scheme):
+    """The suite's own quantizer (fp16 scales, rows, groups, packed codes): half a step, idempotent,
+    sign-symmetric, codes in range, all-zero groups stay zero; unpacked fake quantization equals it."""
+    w = torch.from_numpy(w)  # [out, in]
+    q = quant.quantize(w, scheme)
+    w_hat = q.dequantize()
+    assert torch.equal(quant.fake_quantize(w, scheme), w_hat)
+    assert torch.equal(quant.fake_quantize(w_hat, scheme), w_hat)
+    if q.scheme.kind == "int":
+        codes = q.unpacked_codes()[:, : w.shape[1]].to(torch.int32)
+        assert bool(((codes >= -q.scheme.qmax - 1) & (codes <= q.scheme.qmax)).all())
+        scale = q.element_scales()  # [out, in]
+        unclamped = (w.abs() <= (q.scheme.qmax + 0.5) * scale) & (scale > 0)
+        ratio = ((w - w_hat).abs() / (scale / 2))[unclamped]
+        assert not ratio.numel() or float(ratio.max()) <= 1.0001
+        assert bool(((w - w_hat)[scale == 0] == 0).all())  # an all-zero group stays zero
+        assert torch.equal(quant.fake_quantize(-w, scheme), -w_hat)  # NF4's levels are not symmetric

@@ -2,7 +2,8 @@
 
 - KV cache: ``kv`` (bytes, generation with and without the cache, timing helpers), ``kv_macs``,
   ``kv_listing`` (the chapter's listing run as printed), ``kv_evidence`` (a cached step used its cache);
-- batching: ``batching`` (the batch curve), ``knee``, ``workload`` (the book's workload and the
+- batching: ``batching`` (the batch curve), ``batch_curve`` (the setting its claims share and the curve's
+  clocked quantities), ``knee``, ``workload`` (the book's workload and the
   simulation), ``scheduler`` and ``paged_scheduler`` (the real runs), ``paging`` (the paged KV cache);
 - quantization: ``quant`` (the quantizers), ``quant_error``, ``lowbit`` (real low-bit kernels), ``formats``
   (what the libraries store), ``outliers``, ``crosscheck`` (the quantizers against the libraries);

@@ -27,6 +27,11 @@ import torch
 from ..runtime import hf, rounding
 from .evaluation import greedy
 
+#: Draft length of the exactness/acceptance runs. Under greedy decoding every judged proposal is
+#: conditioned on the target's own prefix, so the measured acceptance does not depend on gamma;
+#: gamma = 2 keeps the run short on a CPU when the draft accepts nothing (gamma + 1 passes per token).
+RUN_GAMMA = 2
+
 # ------------------------------------------------------------------------------------------------
 # arithmetic
 # ------------------------------------------------------------------------------------------------
