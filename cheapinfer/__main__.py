@@ -86,8 +86,6 @@ def _verify(argv: list[str]) -> int:
         """The claims' pytest, as every run of verify starts it."""
         cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", str(device) if args.isa_matrix else args.device,
                "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
-        if device.type == "cuda" and not any(a.startswith("--twin-dtype") for a in rest):
-            cmd += ["--twin-dtype", "fp16"]  # the book's twin on its GPU
         if args.book_model:
             cmd += ["--book-model", args.book_model]
         if args.fast:

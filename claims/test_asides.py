@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cheapinfer.chapter import asides, kv
-from cheapinfer.runtime import rounding
+from cheapinfer.runtime import models, rounding
 
 MIB = 2**20
 
@@ -25,7 +25,7 @@ def test_fused_attention_equals_explicit_without_the_scores(claim, device):
 
     # Memory at n = 4,096, one head: what each path allocates above its inputs.
     n = 4096
-    dtype = torch.float16 if device.type == "cuda" else torch.float32  # the flash kernel wants half precision
+    dtype = models.DTYPES[models.claim_dtype("gpu-half", device)]  # the flash kernel wants half precision: fp16 on CUDA
     q, k, v = asides.qkv(n, heads=1, dtype=dtype, device=device)
     with torch.inference_mode():
         fused_peak = kv.peak_above_resident(lambda: asides.fused(q, k, v), device)

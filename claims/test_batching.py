@@ -147,7 +147,7 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
     table = {b: v for b, v in rounds.items() if b & (b - 1) == 0}
     t = batching.tradeoff(table)
     every = batching.tradeoff(rounds)
-    dtype = models.serving_dtype(device)
+    dtype = models.claim_dtype("serving", device)
     claim.table(
         f"Per-request latency over {len(rounds[1])} interleaved rounds, twin in {dtype} (the noise band: the rounds' interquartile range)",
         ["batch", "median (ms)", "first quartile (ms)", "third quartile (ms)", "throughput (tokens/s)"],

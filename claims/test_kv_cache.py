@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from cheapinfer.runtime import accel, plots, rounding, timing
+from cheapinfer.runtime import accel, models, plots, rounding, timing
 from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
@@ -76,10 +76,11 @@ def test_kv_cache_is_12288_bytes_per_token(claim):
 @pytest.mark.claim("KV-BYTES-MEASURED")
 def test_cache_tensors_hold_12288_bytes_per_token_over_every_shape(claim, twin_factory, device):
     """KV-BYTES-MEASURED: "(1, 2, 295, 64) float16; 3,624,960 bytes for 295 tokens = 12,288 B/token", exact over every tested shape."""
+    dtype = models.claim_dtype("printed", device)
     if device.type == "cuda":
-        model, where = twin_factory("fp16").model, f"the fp16 twin on {device}"
+        model, where = twin_factory(dtype).model, f"the {dtype} twin on {device}"
     else:  # fp16 matmuls on a CPU take ~30 s for this prompt; shapes and dtypes do not need the arithmetic
-        model, where = kv_macs.twin_on_meta(torch.float16), "the fp16 twin's architecture on the meta device (shapes and dtypes only)"
+        model, where = kv_macs.twin_on_meta(models.DTYPES[dtype]), f"the {dtype} twin's architecture on the meta device (shapes and dtypes only)"
     ids = torch.zeros((1, 295), dtype=torch.long, device=next(model.parameters()).device)
     with torch.inference_mode():
         cache = kv.returned_cache(model(ids, use_cache=True))
@@ -234,28 +235,28 @@ def test_generation_macs_cubic_uncached_quadratic_cached(claim):
 def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
     """KV-MEMORY-8.3X: "Op een laptop-GPU van 8 GB die 256 tokens in fp16 genereert ... 8,3 keer meer memory" (allocator peak minus resident weights)."""
     total, prompt = 256, 16
+    dtype = models.claim_dtype("gpu-half", device)
+    model = twin_factory(dtype).model
     if device.type == "cuda":
-        model = twin_factory("fp16").model
         ids = kv_evidence.random_ids(prompt, device)
         uncached = kv.peak_above_resident(lambda: kv.greedy_uncached(model, ids, total - prompt), device)
         cached = kv.peak_above_resident(lambda: kv.greedy_cached(model, ids, total - prompt), device)
         evidence = kv_evidence.generation_evidence(model, ids, 3)
-        how = f"fp16 twin on {device}: whole generations ({prompt}-token prompt to {total} tokens), torch.cuda.max_memory_allocated minus memory_allocated before"
+        how = f"{dtype} twin on {device}: whole generations ({prompt}-token prompt to {total} tokens), torch.cuda.max_memory_allocated minus memory_allocated before"
     else:
-        # fp16 matmuls on a CPU are ~15x slower than fp32; bytes scale alike, so the ratio is taken in fp32.
+        # fp16 matmuls on a CPU are ~15x slower than fp32; bytes scale alike, so the ratio is taken in fp32 (the rule "gpu-half").
         # Each generation's peak is at its largest step: the uncached step that yields token 256 (a
         # forward over 255 tokens, run as the last of two steps of the suite's uncached generation), and
         # for the cache the prefill or a step against a 255-token cache (which stays resident).
-        model = twin_factory("fp32").model
         ids = kv_evidence.random_ids(total - 2, device)
         with torch.inference_mode():
             uncached = kv.last_step_peak(kv.greedy_uncached, model, ids, 2, device)
             prefill_peak = kv.peak_above_resident(lambda: kv.greedy_cached(model, ids[:, :prompt], 1), device)
-            cache = kv.random_cache(model.config, total - 1, torch.float32, device)
+            cache = kv.random_cache(model.config, total - 1, next(model.parameters()).dtype, device)
             step_peak = kv.peak_above_resident(kv.decode_step(model, cache, total - 1), device)
             evidence = kv_evidence.decode_step_evidence(model, cache, total - 1)
         cached = max(prefill_peak, kv.dynamic_cache_bytes(cache) + step_peak)
-        how = ("fp32 twin on cpu: live tensor bytes (LivePeak) at each generation's largest step: uncached = the step that yields "
+        how = (f"{dtype} twin on {device}: live tensor bytes (LivePeak) at each generation's largest step: uncached = the step that yields "
                f"token {total}; cached = max(prefill of {prompt}, {total - 1}-token cache + one step)")
     claim.note(how)
     claim.note(f"cached side: {kv_evidence.describe(evidence)}")

@@ -6,6 +6,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from cheapinfer.runtime import evidence, timing
+from cheapinfer.runtime.models import claim_dtype
 from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
 from cheapinfer.runtime.arch import QWEN25_05B
@@ -46,8 +47,8 @@ FOUR_BIT = {"cpu": "int4", "cuda": "bnb-nf4"}
 def test_fewer_bytes_per_weight_make_a_decode_step_faster(claim, twin_factory, device, timed):
     """Q-BYTES-SPEED: "fewer bits per weight ... because decode is bandwidth-bound ... make each step faster, because there are fewer bytes to move"."""
     kind = "cuda" if device.type == "cuda" else "cpu"
-    half = "fp16" if kind == "cuda" else "bf16"
-    fp32, ref = twin_factory("fp32"), twin_factory(half)
+    half = claim_dtype("two-byte", device)
+    fp32, ref = twin_factory(claim_dtype("four-byte", device)), twin_factory(half)
     low = {name: lowbit.variant(ref.model, name, random_codes=True) for name in LOW_BIT[kind]}
     models = {"fp32": fp32.model, half: ref.model, **low}
     weight_bytes = {n: lowbit.streamed_bytes(m) for n, m in models.items()}

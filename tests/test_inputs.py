@@ -280,6 +280,21 @@ def test_the_twin_dtype_choices_are_the_models_dtypes():
     assert pytest_options.TWIN_DTYPES == tuple(models.DTYPES)
 
 
+@pytest.mark.parametrize("purpose", sorted(models.DTYPE_RULES))
+def test_every_dtype_rule_gives_a_models_dtype_on_either_device(purpose):
+    """``claim_dtype``: each purpose gives a dtype the profiles know, on a CPU and on CUDA (decided without the device)."""
+    for device in ("cpu", "cuda"):
+        assert models.claim_dtype(purpose, device) in models.DTYPES
+
+
+def test_the_twin_follows_its_option_and_else_the_device():
+    assert models.claim_dtype("twin", "cuda") == "fp16" and models.claim_dtype("twin", "cpu") == "fp32"
+    assert models.claim_dtype("twin", "cuda", "bf16") == "bf16" and models.claim_dtype("twin", "cpu", "fp16") == "fp16"
+    assert models.claim_dtype("two-byte", "cpu", "fp32") == "bf16"  # --twin-dtype is the twin's option only
+    with pytest.raises(ValueError, match="no dtype rule for the purpose 'fast'"):
+        models.claim_dtype("fast", "cpu")
+
+
 def test_the_options_module_imports_nothing_heavy():
     """pytest imports every entry point at its start, for any project: no torch there."""
     code = "import sys, cheapinfer.harness.pytest_options; print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"

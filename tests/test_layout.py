@@ -210,6 +210,53 @@ def test_the_claims_check_sees_a_plain_test_and_a_plugin_import(tmp_path):
     assert not any("test_claim " in b for b in bad), bad
 
 
+_DTYPE_NAMES = {"fp32", "fp16", "bf16"}
+_TORCH_DTYPES = {"float16", "float32", "bfloat16"}
+#: The one function that decides the dtype of a claim's model, and its module.
+DTYPE_DECIDER = ("cheapinfer/runtime/models.py", "claim_dtype")
+
+
+def _is_dtype(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Constant) and node.value in _DTYPE_NAMES) or (isinstance(node, ast.Attribute) and node.attr in _TORCH_DTYPES)
+
+
+def _dtype_decisions(root: Path = ROOT) -> list[str]:
+    """Places outside :data:`DTYPE_DECIDER` that decide a model's dtype themselves: a choice between two dtypes (``a if
+    cuda else b``), a call of the serving rule, or the twin asked for in a dtype written out."""
+    decider = root / DTYPE_DECIDER[0]
+    paths = [*sorted((root / "cheapinfer").rglob("*.py")), *sorted((root / "claims").glob("*.py")), *sorted((root / "fixtures").glob("*.py"))]
+    bad = []
+    for path in paths:
+        where = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if path == decider:
+                break
+            if isinstance(node, ast.IfExp) and _is_dtype(node.body) and _is_dtype(node.orelse):
+                bad.append(f"{where}:{node.lineno} chooses a dtype itself ({ast.unparse(node)})")
+            elif isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name == "serving_dtype":
+                    bad.append(f"{where}:{node.lineno} calls serving_dtype, not claim_dtype('serving', ...)")
+                elif name == "twin_factory" and node.args and _is_dtype(node.args[0]):
+                    bad.append(f"{where}:{node.lineno} asks for the twin in a dtype written out ({ast.unparse(node)})")
+    return bad
+
+
+def test_one_function_decides_a_claims_dtype():
+    """The dtype of every claim's model comes from ``models.claim_dtype(purpose, device)``, whose rules say why."""
+    bad = _dtype_decisions()
+    assert not bad, "\n".join(bad)
+
+
+def test_the_dtype_check_sees_a_claim_choosing_its_own_dtype(tmp_path):
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "test_x.py").write_text(
+        'import torch\n\n\ndef test_x(twin_factory, device):\n    d = torch.float16 if device.type == "cuda" else torch.float32\n'
+        '    twin_factory("bf16")\n    models.serving_dtype(device)\n')
+    bad = _dtype_decisions(tmp_path)
+    assert len(bad) == 3 and all(b.startswith("claims/test_x.py:") for b in bad), bad
+
+
 @pytest.mark.parametrize("case", ["up", "cycle"])
 def test_the_layout_checks_see_a_broken_layout(tmp_path, case):
     """The checks themselves: a chapter module that imports the harness, and two modules that import each other."""

@@ -99,5 +99,5 @@ def power_points(points):
 
 def serving(device: torch.device) -> dict[str, str]:
     """The dtype the batch claims step the model in here, and why (on a CPU: the kernel family this run may use)."""
-    dtype = models.serving_dtype(device)
+    dtype = models.claim_dtype("serving", device)
     return {"serving_dtype": dtype, "serving_dtype_why": models.cpu_bf16_native()[1] if device.type == "cpu" else "fp16 on CUDA, as the chapter serves it"}

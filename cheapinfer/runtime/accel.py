@@ -202,9 +202,8 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: t
     return f"{name}-cpu" if name == "flash" and q.device.type == "cpu" else name
 
 
-def attention_backend(device: torch.device | str, dtype: torch.dtype | None = None, heads: int = 14, n: int = 256, head_dim: int = 64) -> str:
-    """The kernel a causal attention of the book's shape ([1, 14, n, 64]) takes on ``device``: fp16 on CUDA, fp32 elsewhere."""
-    dtype = dtype or (torch.float16 if _cuda(device) else torch.float32)
+def attention_backend(device: torch.device | str, dtype: torch.dtype, heads: int = 14, n: int = 256, head_dim: int = 64) -> str:
+    """The kernel a causal attention of the book's shape ([1, 14, n, 64]) in ``dtype`` takes on ``device``."""
     q = torch.zeros(1, heads, n, head_dim, dtype=dtype, device=device)  # [B, H, S, D]
     return f"{sdpa_backend(q, q, q)} ({str(dtype).removeprefix('torch.')}, [1, {heads}, {n}, {head_dim}], causal)"
 
@@ -232,7 +231,6 @@ def describe(device: torch.device | str) -> dict[str, str]:
         "cuda_driver": "n/a",
         "cuda": torch.version.cuda or "n/a (CPU build)",  # the CUDA torch was built with
         "cudnn": "n/a",
-        "attention_backend": attention_backend(device),
     }
     if _cuda(device):
         props = torch.cuda.get_device_properties(device)

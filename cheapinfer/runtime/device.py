@@ -14,7 +14,8 @@ from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from .accel import describe, sync  # noqa: F401  (sync: the suite's one way to wait for a device)
+from . import models
+from .accel import attention_backend, describe, sync  # noqa: F401  (sync: the suite's one way to wait for a device)
 from .profiles import ISA_VARIABLES
 
 T = TypeVar("T")
@@ -105,7 +106,9 @@ def _environment(device: str) -> dict[str, str]:
         "torch_threads": str(torch.get_num_threads()),
         "timing_threads_cpu": str(_timing_threads()),
         **cpu_kernels(),
-        **describe(device),  # gpu, its memory and compute capability, driver, CUDA, cuDNN, attention kernel
+        **describe(device),  # gpu, its memory and compute capability, driver, CUDA, cuDNN
+        # the attention kernel of the book's shape, in the dtype the chapter's GPU runs (fp32 on a CPU)
+        "attention_backend": attention_backend(device, models.DTYPES[models.claim_dtype("gpu-half", device)]),
     }
     env.update(library_versions())
     return env

@@ -118,6 +118,40 @@ def serving_dtype(device: str | torch.device) -> str:
     return "bf16" if cpu_bf16_native()[0] else "fp32"
 
 
+#: Each purpose a claim runs a model for, and the rule :func:`claim_dtype` applies to it.
+DTYPE_RULES = {
+    "twin": "--twin-dtype where given; else fp16 on CUDA (the book ran its twin in fp16 on its GPU) and fp32 on a CPU, which has no "
+            "fast fp16 matrix product",
+    "serving": "the dtype the book's model is served in on this device (serving_dtype): fp16 on CUDA; on a CPU bf16 where its allowed "
+               "kernels compute bf16 natively, else fp32",
+    "four-byte": "fp32, the four-byte weights the book's smaller formats are compared against",
+    "two-byte": "the book's two-byte weights in the format this device computes: fp16 on CUDA, bf16 on a CPU",
+    "gpu-half": "fp16 on CUDA, as the chapter's GPU runs (its laptop GPU's memory, the flash attention kernel, which wants half "
+                "precision); fp32 on a CPU, where fp16 matrix products are emulated (bytes scale alike, so ratios of peaks are kept)",
+    "printed": "fp16, the dtype of the chapter's printed cache tensors",
+}
+
+
+def claim_dtype(purpose: str, device: str | torch.device, requested: str | None = None) -> str:
+    """The one decision of the dtype a claim's model runs in (a key of :data:`DTYPES`), by ``purpose`` (a key of
+    :data:`DTYPE_RULES`, which says why) and the run's ``device``; ``requested``: ``--twin-dtype``, which only the
+    twin's purpose follows."""
+    cuda = torch.device(device).type == "cuda"
+    if purpose == "twin":
+        return requested or ("fp16" if cuda else "fp32")
+    if purpose == "serving":
+        return serving_dtype(device)
+    if purpose == "four-byte":
+        return "fp32"
+    if purpose == "two-byte":
+        return "fp16" if cuda else "bf16"
+    if purpose == "gpu-half":
+        return "fp16" if cuda else "fp32"
+    if purpose == "printed":
+        return "fp16"
+    raise ValueError(f"no dtype rule for the purpose {purpose!r}; the rules: {', '.join(DTYPE_RULES)}")
+
+
 class BookModelError(ValueError):
     """``--book-model`` points at something that is not a model directory."""
 
