@@ -169,7 +169,7 @@ def test_a_failing_measurement_of_every_check_type_deviates(q, bad):
     judged = verdicts.judge(_KINDS, {**_GOOD, q: bad}, "twin")
     assert judged.verdict == DEVIATES, f"{q} = {bad!r} gave {judged.verdict}"
     assert [o.check.q for o in judged.failures] == [q]
-    assert judged.messages(_KINDS), "a deviation says why"
+    assert judged.messages(), "a deviation says why"
 
 
 def test_a_failing_measurement_deviates_through_the_recorder_too():
@@ -180,6 +180,19 @@ def test_a_failing_measurement_deviates_through_the_recorder_too():
     assert result.verdict == judged.verdict == DEVIATES
     result, _ = rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": float("nan")})
     assert result.verdict == DEVIATES and result.measured["bytes_per_token"] == "nan"
+
+
+def test_a_perturbed_judgement_carries_its_perturbed_claim_judged_once(monkeypatch):
+    """``--perturb ID``: the recorder perturbs the claim once, and the judgement's messages quote the moved book value."""
+    calls = []
+    real = verdicts.perturb
+    monkeypatch.setattr(verdicts, "perturb", lambda claim, measured: calls.append(claim.id) or real(claim, measured))
+    rec = record.Recorder(perturb=["KV-BYTES-FORMULA"])
+    result, judged = rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": 12_288})
+    assert calls == ["KV-BYTES-FORMULA"] and result.perturbed and judged.verdict == DEVIATES
+    moved = judged.claim.book["bytes_per_token"]
+    assert moved != 12_288 and judged.measured == {"bytes_per_token": 12_288}
+    assert registry.fmt(moved) in judged.messages()[0]
 
 
 _ERRATUM = (
@@ -203,7 +216,7 @@ def test_a_confirmed_erratum_turns_red_when_its_digits_reproduce():
     claim = registry.parse(_ERRATUM)["E"]
     judged = verdicts.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin")
     assert judged.verdict == DEVIATES and judged.stale
-    assert "no longer holds" in judged.messages(claim)[0]
+    assert "no longer holds" in judged.messages()[0]
 
 
 def test_a_confirmed_erratum_does_not_hide_another_failure():
@@ -307,7 +320,7 @@ def test_a_noisy_check_decides_only_beyond_three_standard_errors(speedup, se, ex
     judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == expected
     if expected == registry.INCONCLUSIVE:
-        message = judged.inconclusive_messages(claim, measured)[0]
+        message = judged.inconclusive_messages()[0]
         assert "standard errors" in message and "quieter machine" in message
 
 
@@ -318,7 +331,7 @@ def test_a_searched_existence_not_found_is_inconclusive_and_a_missing_one_fails(
     judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == expected
     if expected == registry.INCONCLUSIVE:
-        assert "searched_up_to = 512" in judged.inconclusive_messages(claim, measured)[0]
+        assert "searched_up_to = 512" in judged.inconclusive_messages()[0]
 
 
 def test_inconclusive_never_hides_a_decided_failure():
@@ -390,7 +403,7 @@ def test_a_premise_this_device_cannot_measure_is_inconclusive_with_its_reason(pa
     judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == verdict
     if verdict == registry.INCONCLUSIVE:
-        assert "cannot measure it: the kernel is faster at 2 rows than at 1" in judged.inconclusive_messages(claim, measured)[0]
+        assert "cannot measure it: the kernel is faster at 2 rows than at 1" in judged.inconclusive_messages()[0]
     perturbed = verdicts.perturb(claim, measured)  # --perturb proves the comparator: never inconclusive there
     if premise is not None:
         assert verdicts.judge(perturbed, measured, "twin").verdict == DEVIATES

@@ -37,7 +37,12 @@ class Outcome:
 
 @dataclass
 class Judgement:
+    """The verdict of one measurement, with the claim it was judged against (perturbed where ``--perturb`` asked: the
+    claim is perturbed once, in the recorder) and the measured values, so that its messages need nothing else."""
+
     verdict: str
+    claim: registry.Claim
+    measured: Mapping[str, Any]
     outcomes: list[Outcome] = field(default_factory=list)
     #: documented erratum checks that pass now: the book's digits reproduce, the erratum is stale
     stale: list[Outcome] = field(default_factory=list)
@@ -52,8 +57,9 @@ class Judgement:
         """Asserted checks the measurement could not decide: within the noise, or not found in the range searched."""
         return [o for o in self.outcomes if o.asserted and not o.decided]
 
-    def messages(self, claim: "registry.Claim") -> list[str]:
+    def messages(self) -> list[str]:
         """Why the verdict is ``deviates``: each undocumented failure, and each stale erratum check."""
+        claim = self.claim
         out = [o.message(claim) for o in self.failures if not o.documented]
         out += [
             f"{claim.id} {o.check.q}: documented erratum no longer holds: measured {registry.fmt(o.measured)} now meets "
@@ -62,9 +68,9 @@ class Judgement:
         ]
         return out
 
-    def inconclusive_messages(self, claim: "registry.Claim", measured: Mapping[str, Any]) -> list[str]:
+    def inconclusive_messages(self) -> list[str]:
         """Why the verdict is ``inconclusive``: each check the measurement could not decide, with its numbers and what to do."""
-        out = []
+        claim, measured, out = self.claim, self.measured, []
         for o in self.undecided:
             if o.check.measurable:
                 out.append(f"{claim.id} {o.check.q}: this device cannot measure it: {measured.get(o.check.q + '_why') or 'see the measured values'}; "
@@ -177,7 +183,7 @@ def judge(claim: registry.Claim, measured: Mapping[str, Any], profile: str, devi
         outcomes.append(Outcome(check, value, target, passed, asserted, documented, _decided(check, value, target, passed, se), se))
     if not any(o.asserted for o in outcomes):
         raise registry.RegistryError(f"{claim.id}: no check of this claim is asserted on profile {profile!r} ({device})")
-    judged = Judgement(registry.DEVIATES, outcomes, stale=[o for o in outcomes if o.documented and o.passed])
+    judged = Judgement(registry.DEVIATES, claim, dict(measured), outcomes, stale=[o for o in outcomes if o.documented and o.passed])
     failures = judged.failures
     if any(not o.documented for o in failures) or judged.stale:
         judged.verdict = registry.DEVIATES
