@@ -72,7 +72,7 @@ def _verify(argv: list[str]) -> int:
         p.error("--quiet-record goes with --stress")
     if args.isa_matrix and args.device not in ("auto", "cpu"):
         p.error(f"--isa-matrix caps the CPU's kernels: it runs on the CPU, not --device {args.device}")
-    from .harness import report, tables
+    from .harness import report, schema, tables
     from .runtime.device import DeviceUnavailable, pick
 
     try:
@@ -112,7 +112,7 @@ def _verify(argv: list[str]) -> int:
               "were not replaced", file=sys.stderr)
         return code
     if mine:
-        print("\n".join(["", *tables.summary_table(report.load(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
+        print("\n".join(["", *tables.summary_table(schema.read_record(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 
@@ -120,7 +120,7 @@ def _verify(argv: list[str]) -> int:
 def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
     """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.harness.matrix`."""
     from .harness import families as kernel_families, matrix, report, stress
-    from .harness.schema import RecordError, check_record
+    from .harness.schema import RecordError, read_record
 
     if args.isa_matrix:
         try:
@@ -147,8 +147,7 @@ def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
     quiet = None
     if args.quiet_record is not None:
         try:
-            quiet = report.load(args.quiet_record)
-            check_record(quiet)
+            quiet = read_record(args.quiet_record)
         except RecordError as exc:
             p.error(f"--quiet-record {args.quiet_record}: not a well-formed run record of this suite: {exc}")
         except (OSError, ValueError) as exc:

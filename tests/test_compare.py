@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from cheapinfer import __main__ as cli
-from cheapinfer.harness import compare as cmp, report, merge
+from cheapinfer.harness import compare as cmp, report, merge, schema
 from cheapinfer.harness.record import Recorder
 from harness import python_m
 
@@ -45,7 +45,7 @@ def test_compare_a_run_against_itself_exits_0(capsys):
 
 
 def test_compare_a_perturbed_value_exits_1_naming_the_claim(tmp_path, capsys):
-    after = report.load(RECORD)
+    after = schema.read_record(RECORD)
     result = after["claims"]["KV-SPEEDUP-48"]["results"][0]
     for chk in result["checks"]:
         if chk["q"] == "speedup":
@@ -57,7 +57,7 @@ def test_compare_a_perturbed_value_exits_1_naming_the_claim(tmp_path, capsys):
 
 def test_a_claim_that_now_deviates_is_a_regression(tmp_path, capsys):
     before, after = save(built(), tmp_path / "before"), save(built(bytes_per_token=12_289), tmp_path / "after")
-    assert report.load(after)["claims"]["KV-BYTES-FORMULA"]["verdict"] == "deviates"
+    assert schema.read_record(after)["claims"]["KV-BYTES-FORMULA"]["verdict"] == "deviates"
     assert cli.main(["compare", str(before), str(after)]) == 1
     out = capsys.readouterr().out
     assert "REGRESSION  KV-BYTES-FORMULA [arithmetic] verdict: reproduced -> deviates" in out
@@ -91,7 +91,7 @@ def test_a_value_not_named_by_a_check_is_not_compared():
 
 def test_a_digits_value_moves_by_its_own_tolerance():
     """KV-MEMORY-8.3X: ratio = 8.3 +- 15% relative, so a move of more than 0.15 x 8.3 = 1.245 is a regression."""
-    before = report.load(RECORD)
+    before = schema.read_record(RECORD)
 
     def moved_to(value: float) -> list[cmp.Change]:
         after = copy.deepcopy(before)
@@ -200,8 +200,8 @@ def test_a_confirmed_erratum_whose_digits_reproduce_is_a_regression(tmp_path, ca
     """Like a strict xfail that passes: the erratum entry is stale, and compare says so."""
     before = save(_gamma8(2.356, 0.549), tmp_path / "before")
     after = save(_gamma8(3.40, 0.79), tmp_path / "after")
-    assert report.load(before)["claims"]["SPEC-GAMMA8"]["verdict"] == "erratum"
-    assert report.load(after)["claims"]["SPEC-GAMMA8"]["verdict"] == "deviates"
+    assert schema.read_record(before)["claims"]["SPEC-GAMMA8"]["verdict"] == "erratum"
+    assert schema.read_record(after)["claims"]["SPEC-GAMMA8"]["verdict"] == "deviates"
     assert cmp.compare_cli([str(before), str(after)]) == 1
     assert "REGRESSION  SPEC-GAMMA8 [arithmetic] verdict: erratum -> deviates" in capsys.readouterr().out
 

@@ -241,4 +241,4 @@ def test_compare_prints_the_reason_of_every_not_run_and_keeps_harness_errors_apa
         "(a test raised before its verdict: the suite or a library broke, not the claim)."
     )
     assert out.index(harness[0]) > max(out.index(line) for line in changed)  # listed after the claims that changed
-    report.load(b)  # the record stays readable
+    schema.read_record(b)  # the record stays readable

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.faults import core, runner as faults
-from cheapinfer.harness import registry
+from cheapinfer.harness import registry, schema
 from harness import python_m
 from cheapinfer.harness import claimfiles, record
 
@@ -201,7 +201,7 @@ def test_sigterm_stops_the_fault_runs_and_removes_their_temporary_directory(tmp_
     assert [line for line in err.splitlines() if line.strip()] == [
         "cheapinfer faults: terminated (SIGTERM): the running fault runs were stopped and their temporary directory removed; nothing was written"
     ]
-    assert not list(temp.glob("cheapinfer-faults-*")) and not (tmp_path / "out" / record.RESULT_NAME).exists()
+    assert not list(temp.glob("cheapinfer-faults-*")) and not (tmp_path / "out" / schema.FAULTS_NAME).exists()
     deadline = time.monotonic() + 30  # the fork server notices its parent is gone and exits
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import matrix, registry, report, families as kernel_families, stress
+from cheapinfer.harness import matrix, registry, report, schema, families as kernel_families, stress
 from cheapinfer.harness.record import Recorder
 from cheapinfer.runtime.cli import Terminated
 from harness import python_m
@@ -393,7 +393,7 @@ def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path):
         else:  # an MKL that names no level (a non-Intel CPU): the cap cannot be seen, the column is flagged
             assert avx2["cap"]["in_effect"] is False and "MKL names no ISA level" in avx2["cap"]["text"]
             assert "WARNING: avx2: the cap was not seen to take effect" in run.stdout
-        assert report.load(tmp_path / "isa" / "avx2")["environment"]["cpu_isa_caps"].startswith("ONEDNN_MAX_CPU_ISA=AVX2")
+        assert schema.read_record(tmp_path / "isa" / "avx2")["environment"]["cpu_isa_caps"].startswith("ONEDNN_MAX_CPU_ISA=AVX2")
     assert m["families"]["default"]["ran_environment"]["cpu_isa_caps"] == "none"
     assert (tmp_path / "isa" / "matrix.md").read_text().splitlines()[0] == matrix.MATRIX_MARK
     assert "Matrix: " in run.stdout

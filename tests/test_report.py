@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.runtime import device as devices
-from cheapinfer.harness import registry, report, errata
+from cheapinfer.harness import registry, report, errata, schema
 from cheapinfer.harness.record import Recorder
 from cheapinfer.harness.registry import DEVIATES, VERDICTS
 
@@ -34,7 +34,7 @@ ENV_KEYS = ("cpu", "gpu", "driver", "cuda", "torch", "transformers", "bitsandbyt
 
 @pytest.fixture
 def fixed_record() -> dict:
-    return report.load(RECORD)
+    return schema.read_record(RECORD)
 
 
 def test_errata_markdown_matches_the_checked_in_snapshot(fixed_record):
@@ -106,7 +106,7 @@ def _built(tmp_path: Path | None = None) -> dict:
 
 def test_build_keeps_the_record_keys_the_ci_reads():
     record = _built()
-    assert record["schema"] == report.SCHEMA
+    assert record["schema"] == schema.RUN_SCHEMA
     assert set(record) >= {"schema", "claims", "summary", "environment", "run", "created", "sections", "errata"}
     assert list(record["claims"]) == list(registry.load())
     for c in record["claims"].values():
@@ -130,7 +130,7 @@ def test_write_puts_json_and_markdown_in_the_report_dir(tmp_path):
     rec, md = report.write(record, tmp_path / "reports")
     assert json.loads(rec.read_text(encoding="utf-8"))["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
     assert md.read_text(encoding="utf-8") == report.markdown(record)
-    assert report.load(tmp_path / "reports") == json.loads(rec.read_text(encoding="utf-8"))
+    assert schema.read_record(tmp_path / "reports") == json.loads(rec.read_text(encoding="utf-8"))
 
 
 def test_environment_record_names_hardware_driver_and_library_versions():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import report, tables
+from cheapinfer.harness import report, schema, tables
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,11 +90,11 @@ def test_pytest_runs_from_another_directory(tmp_path):
 
 
 def test_write_replaces_the_latest_and_keep_never_overwrites(tmp_path):
-    record = report.load(ROOT / "tests" / "data" / "run-record.json")
+    record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
     first, second = report.keep(record, tmp_path), report.keep(record, tmp_path)  # same process, same second
     assert first != second and first.read_text() == second.read_text()
     rec, _ = report.write(record, tmp_path)
-    assert report.load(rec) == record
+    assert schema.read_record(rec) == record
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.RECORD_NAME, report.ERRATA_NAME, report.RUNS_DIR])
 
 
@@ -116,7 +116,7 @@ def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     kept = list((tmp_path / "out" / report.RUNS_DIR).glob("*.json"))
     assert len(kept) == 1 and f"Run record: {kept[0]}" in run.stdout
-    summary = tables.summary_table(report.load(kept[0]))
+    summary = tables.summary_table(schema.read_record(kept[0]))
     assert "\n".join(summary) in run.stdout
 
 
@@ -128,7 +128,7 @@ def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path):
 def _seeded(out: Path) -> dict[str, bytes]:
     """A report directory holding an earlier run's run.json and errata.md; their bytes."""
     out.mkdir(parents=True, exist_ok=True)
-    record = report.load(ROOT / "tests" / "data" / "run-record.json")
+    record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
     report.write(record, out)
     return {name: (out / name).read_bytes() for name in (report.RECORD_NAME, report.ERRATA_NAME)}
 
@@ -197,7 +197,7 @@ def _enospc(*args, **kwargs):
 def test_a_full_disk_leaves_the_previous_record_and_no_temporary_file(tmp_path, monkeypatch):
     before = _seeded(tmp_path)
     monkeypatch.setattr(report, "_write_all", _enospc)
-    record = report.load(ROOT / "tests" / "data" / "run-record.json")
+    record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
     record["created"] = "2030-01-01T00:00:00Z"
     with pytest.raises(OSError) as err:
         report.write(record, tmp_path)
@@ -229,7 +229,7 @@ def test_report_files_get_the_mode_the_umask_gives(umask, tmp_path):
     """Not 0600 (tempfile's mode): 0666 less the umask, as any file the user writes."""
     old = os.umask(umask)
     try:
-        record = report.load(ROOT / "tests" / "data" / "run-record.json")
+        record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
         kept = report.keep(record, tmp_path)
         rec, md = report.write(record, tmp_path)
     finally:
@@ -266,7 +266,7 @@ def test_the_run_id_verify_passes_names_the_record(tmp_path):
     run = python_m("pytest", "-p", "no:cacheprovider", "-q", *ONE_CLAIM, f"--report-dir={tmp_path}", cwd=ROOT, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     [kept] = (tmp_path / report.RUNS_DIR).glob("*.json")
-    assert kept.name.endswith("-feedc0ffee42.json") and report.load(kept)["run"]["id"] == "feedc0ffee42"
+    assert kept.name.endswith("-feedc0ffee42.json") and schema.read_record(kept)["run"]["id"] == "feedc0ffee42"
 
 
 def test_verify_gives_each_run_a_new_id_and_finds_no_summary_without_its_record(tmp_path, monkeypatch, capsys):
@@ -365,6 +365,6 @@ def test_ctrl_c_during_verify_keeps_what_was_measured_and_replaces_nothing(tmp_p
     ours = [line for line in lines if line.startswith("cheapinfer")]
     assert ours == lines[-1:] == [f"cheapinfer verify: interrupted; its record so far: {kept}; "
                                   "the latest run.json and errata.md were not replaced"], stderr[-3000:]
-    record = report.load(kept)
+    record = schema.read_record(kept)
     assert record["run"]["interrupted"] is True and record["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
     assert _unchanged(out, before)

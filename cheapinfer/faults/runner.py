@@ -21,9 +21,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from .. import CHECKOUT
+from .. import CHECKOUT, __version__
 from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
-from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, RESULT_NAME, SWEEP, is_harness_error
+from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
+from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_fault_record, read_record
 from ..runtime.cli import Terminated, terminate
 from .core import FAULTS, Fault
 
@@ -201,7 +202,6 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     ``threads``: torch threads of the pytest process (``None``: its default). ``stop``: stop after the first
     claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
     """
-    from ..harness import report
     from ..harness.registry import DEVIATES
 
     root = CHECKOUT
@@ -215,7 +215,9 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     if code is None:
         return {cid: f"timed out after {timeout:.0f} s" for cid in claims}
     try:
-        record = report.load(outdir)
+        record = read_record(outdir)
+    except RecordError as exc:
+        return {cid: f"no well-formed record ({exc}; pytest exit {code}: {tail})" for cid in claims}
     except (OSError, ValueError):
         return {cid: f"no record (pytest exit {code}: {tail})" for cid in claims}
     out = {}
@@ -243,8 +245,8 @@ def uncovered() -> list[str]:
 
 
 def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2,
-        all_targets: bool = False) -> dict[str, Any]:
-    """Run each fault ``runs`` times; the fault x claim results, as written to ``faults.json``.
+        all_targets: bool = False) -> FaultRecord:
+    """Run each fault ``runs`` times; the fault x claim results, as written to ``faults.json`` (a :class:`~cheapinfer.harness.schema.FaultRecord`).
 
     The sweep (default) asks of each fault what the catalogue promises of every fault: that it turns a
     claim red in every run. Each run tries the fault's unclocked claims first, ``workers`` faults at a
@@ -329,6 +331,8 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
         echo(f"{'caught' if all(hits) else 'MISSED':<7} {n}: red in {sum(hits)} of {runs} run(s)"
              f"{' by ' + ', '.join(by) if by else ''} ({results[n]['seconds']:.0f} s{', alone' if alone_ran[n] else ''})")
     return {
+        "schema": FAULT_SCHEMA,
+        "suite": f"cheapinfer {__version__}",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs,
         "mode": ALL_TARGETS if all_targets else SWEEP,
@@ -338,22 +342,16 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
     }
 
 
-def last_run(report_dir: Path) -> dict[str, Any] | None:
-    """The last ``faults`` result written into ``report_dir``, if it is one (else None)."""
-    import json
-
-    path = report_dir / RESULT_NAME
+def last_run(report_dir: Path) -> FaultRecord | None:
+    """The last fault record written into ``report_dir``, checked (:func:`cheapinfer.harness.schema.check_fault_record`);
+    None where there is none or it is not one."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return read_fault_record(Path(report_dir) / FAULTS_NAME)
     except (OSError, ValueError):
         return None
-    ok = isinstance(data, dict) and isinstance(data.get("faults"), dict) and all(
-        isinstance(f, dict) and isinstance(f.get("runs"), list) and isinstance(f.get("targets"), list) for f in data["faults"].values()
-    )
-    return data if ok else None
 
 
-def table(result: dict[str, Any]) -> list[str]:
+def table(result: FaultRecord) -> list[str]:
     """The fault x claim table (Markdown): for each fault and target claim, red in k of n runs."""
     from ..harness.tables import markdown_table
 
@@ -442,7 +440,7 @@ def _faults(p, args) -> int:
           f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "") + ".")
     print(f"Claims no known fault turns red: {', '.join(result['uncovered']) or 'none'}")
     args.report_dir.mkdir(parents=True, exist_ok=True)
-    target = args.report_dir / RESULT_NAME
+    target = args.report_dir / FAULTS_NAME
     atomic_write((target, json.dumps(result, indent=1) + "\n"))
     print(f"written: {target}")
     return 1 if missed else 0

@@ -1,7 +1,8 @@
 """claim -> verdict -> record -> report, and the suite's checks of its own verdicts.
 
 - ``registry`` (the claims, their checks and errata), ``verdict`` (the pure verdict), ``record`` (a run's
-  results and the fault record's vocabulary), ``schema`` (the one validator of a record), ``claimfiles``
+  results and the fault record's vocabulary), ``schema`` (the typed records, run.json and faults.json, with
+  their versions: one schema, one reader, one validator), ``claimfiles``
   (the one reader of the claim tests' source), ``load`` (the machine's load);
 - ``report`` (run.json and errata.md), ``errata`` (its errata sections), ``tables`` (Markdown building blocks);
 - ``compare`` and ``merge`` of records; ``matrix``, ``families`` and ``stress`` (``verify --isa-matrix``

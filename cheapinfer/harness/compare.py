@@ -43,9 +43,10 @@ from . import registry
 from ..runtime.cli import Parser
 from .record import is_harness_error
 from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
-from .report import KEY_ENVIRONMENT, load
+from .report import KEY_ENVIRONMENT
 from .tables import machine_label
 from . import schema
+from .schema import ClaimEntry, RunRecord
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
 BAND = 0.25
@@ -82,7 +83,7 @@ def short_value(value: Any) -> str:
     return fmt(value) if not isinstance(value, (dict, list)) else json.dumps(value)
 
 
-def _by_profile(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+def _by_profile(claim: ClaimEntry) -> dict[tuple[str, int], dict[str, Any]]:
     """Results keyed by (profile, n): the n-th result of that profile (usually n = 0)."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
     seen: Counter = Counter()
@@ -97,7 +98,7 @@ def _unselected(results: dict[tuple[str, int], dict[str, Any]]) -> bool:
     return not results or all(profile == "-" for profile, _ in results)
 
 
-def _tolerance(q: str, claim: dict[str, Any], band: float) -> tuple[str, Any]:
+def _tolerance(q: str, claim: ClaimEntry, band: float) -> tuple[str, Any]:
     """How far quantity ``q`` of ``claim`` may move between runs: (form, width).
 
     A digits check decides (its form and tolerance, relative to the book's value); a quantity
@@ -129,7 +130,7 @@ def _moved(before: Any, after: Any, form: str, width: float) -> bool:
     return abs(b - a) > width * abs(a) if a != 0 else b != 0
 
 
-def shape_bound(q: str, claim: dict[str, Any]) -> tuple[str, float] | None:
+def shape_bound(q: str, claim: ClaimEntry) -> tuple[str, float] | None:
     """(op, bound) of the numeric shape check of ``q`` (or of its printed-bound digits check), if it has one."""
     for spec in claim.get("checks", []):
         if spec["q"] != q or spec.get("op") not in ("<", "<=", ">", ">="):
@@ -169,7 +170,7 @@ def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape
     return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", toward and asserted)
 
 
-def _release_bound(q: str, claim: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> str:
+def _release_bound(q: str, claim: ClaimEntry, before: RunRecord, after: RunRecord) -> str:
     """Why ``q`` may rightly differ between the two runs: the claim's erratum stands on it and is limited to some
     releases (``applies``) of a library whose version differs between them (KV-API: ``past_key_values`` is the
     4.x name, ``cache`` the 5.x one). Empty where no such reason exists: the move is then a regression."""
@@ -192,7 +193,7 @@ def _describe(form: str, width: float) -> str:
     return f"±{width:.0%} relative"
 
 
-def compare(before: dict[str, Any], after: dict[str, Any], band: float = BAND) -> list[Change]:
+def compare(before: RunRecord, after: RunRecord, band: float = BAND) -> list[Change]:
     """Differences from ``before`` to ``after``: verdict changes per profile and values moved beyond tolerance."""
     changes: list[Change] = []
     ids = list(after["claims"]) + [cid for cid in before["claims"] if cid not in after["claims"]]
@@ -252,7 +253,7 @@ def _unmeasured(value: Any) -> bool:
     return (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and value.strip().lower() == "nan")
 
 
-def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+def environment_changes(before: RunRecord, after: RunRecord) -> list[str]:
     """The entries of the environment that decide verdicts and differ between the two runs."""
     ea, eb = before.get("environment", {}), after.get("environment", {})
     keys = [*KEY_ENVIRONMENT, *(k for k in eb if k not in KEY_ENVIRONMENT)]
@@ -265,11 +266,10 @@ def usage_error(prog: str, message: str) -> None:
     raise SystemExit(2)
 
 
-def read_record(prog: str, path: Path) -> dict[str, Any]:
+def read_record(prog: str, path: Path) -> schema.RunRecord:
     """A run record, read and checked; anything else is one line and exit status 2."""
     try:
-        record = load(path)
-        schema.check_record(record)
+        record = schema.read_record(path)
     except schema.RecordError as exc:
         usage_error(prog, f"{path} is not a well-formed run record of this suite: {exc}")
     except (OSError, ValueError, RecursionError) as exc:  # missing, unreadable, not UTF-8, not JSON
@@ -278,7 +278,7 @@ def read_record(prog: str, path: Path) -> dict[str, Any]:
     return record
 
 
-def _not_run_result(record: dict[str, Any], cid: str, profile: str) -> dict[str, Any] | None:
+def _not_run_result(record: RunRecord, cid: str, profile: str) -> dict[str, Any] | None:
     """``cid``'s first *not run* result on ``profile`` in ``record``."""
     for r in record["claims"].get(cid, {}).get("results", []):
         if r["verdict"] == NOT_RUN and profile in ("-", r["profile"]):
@@ -286,7 +286,7 @@ def _not_run_result(record: dict[str, Any], cid: str, profile: str) -> dict[str,
     return None
 
 
-def annotate(changes: list[Change], after: dict[str, Any]) -> list[Change]:
+def annotate(changes: list[Change], after: RunRecord) -> list[Change]:
     """Give every change to *not run* its reason, and mark those whose test raised before a verdict as harness errors."""
     for c in changes:
         if c.what == "verdict" and c.after == NOT_RUN:

@@ -11,6 +11,7 @@ from . import registry
 from .record import ALL_TARGETS, NOT_REACHED, RED
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE
 from . import tables
+from .schema import ResultEntry, RunRecord
 
 
 # ----------------------------------------------------------------------------------------------
@@ -18,7 +19,7 @@ from . import tables
 # ----------------------------------------------------------------------------------------------
 
 
-def _conclusion(r: dict[str, Any], failures: list[dict[str, Any]]) -> str:
+def _conclusion(r: ResultEntry, failures: list[dict[str, Any]]) -> str:
     if any(f.get("stale") for f in failures):
         return (
             "A confirmed erratum no longer holds: the book's digits reproduce here. Either a library or the setup changed "
@@ -44,7 +45,7 @@ def _conclusion(r: dict[str, Any], failures: list[dict[str, Any]]) -> str:
     )
 
 
-def candidate_errata(record: dict[str, Any]) -> list[dict[str, Any]]:
+def candidate_errata(record: RunRecord) -> list[dict[str, Any]]:
     """One entry per result with a failed asserted check: what was measured, how, what a reader should conclude.
 
     Results deviating because their book values were perturbed on purpose come last.
@@ -75,7 +76,7 @@ def candidate_errata(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: e["perturbed"])
 
 
-def confirmed_errata(record: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any], list[dict[str, Any]]]]:
+def confirmed_errata(record: RunRecord) -> list[tuple[str, dict[str, Any], dict[str, Any], list[dict[str, Any]]]]:
     """(claim ID, claim, erratum, results) for every documented erratum that held in this run: the results
     with verdict erratum on one of its profiles, where a check it documents failed as documented."""
     out = []
@@ -88,7 +89,7 @@ def confirmed_errata(record: dict[str, Any]) -> list[tuple[str, dict[str, Any], 
     return out
 
 
-def confirmed_lines(record: dict[str, Any]) -> list[str]:
+def confirmed_lines(record: RunRecord) -> list[str]:
     found = confirmed_errata(record)
     if not found:
         return []
@@ -139,7 +140,7 @@ def _load_text(load: dict[str, Any] | None) -> str:
             f"CPU steal {'?' if steal is None else f'{steal:.1%}'}")
 
 
-def inconclusive_lines(record: dict[str, Any]) -> list[str]:
+def inconclusive_lines(record: RunRecord) -> list[str]:
     """Results the measurement could not decide: each undecided check with its numbers, the load, and what to do.
 
     Not candidate errata: the noise or the range, not the book, decided nothing."""
@@ -175,7 +176,7 @@ def inconclusive_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def fault_lines(record: dict[str, Any]) -> list[str]:
+def fault_lines(record: RunRecord) -> list[str]:
     claims = record["claims"]
     tested = [cid for cid, c in claims.items() if c.get("has_test")]
     if not any(c.get("faults") for c in claims.values()):
@@ -214,7 +215,7 @@ def fault_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def errata_lines(record: dict[str, Any]) -> list[str]:
+def errata_lines(record: RunRecord) -> list[str]:
     errata = candidate_errata(record)
     if not errata:
         return []

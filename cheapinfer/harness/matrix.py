@@ -38,12 +38,12 @@ from typing import Any, Callable
 from .. import CHECKOUT
 from . import families as kernel_families
 from . import registry
-from .schema import check_record
+from .schema import ClaimEntry, ResultEntry, read_record
 from .compare import shape_bound
 from .record import is_harness_error
 from ..runtime.cli import Terminated, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
-from .report import RUN_ID_VARIABLE, atomic_write, load, new_run_id, own_record
+from .report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
 from .tables import machine_label, markdown_table
 
 ROOT = CHECKOUT
@@ -99,7 +99,7 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def deciding(result: dict[str, Any], claim: dict[str, Any]) -> dict[str, Any] | None:
+def deciding(result: ResultEntry, claim: ClaimEntry) -> dict[str, Any] | None:
     """The check that decided ``result``'s verdict, with its value: the failed one (deviates), the undecided one
     (inconclusive), the documented one (erratum); for a pass, the check closest to its bound (the first to flip)."""
     checks = [c for c in result.get("checks", []) if c.get("asserted")]
@@ -128,7 +128,7 @@ def deciding(result: dict[str, Any], claim: dict[str, Any]) -> dict[str, Any] | 
     return out
 
 
-def cell(claim: dict[str, Any] | None) -> dict[str, Any]:
+def cell(claim: ClaimEntry | None) -> dict[str, Any]:
     """One claim of one run: its verdict (``error`` when its test raised before one), the deciding value, and the
     reason of a *not run*. ``claim``: the claim's entry in a run record (None: the run has no record)."""
     if claim is None:
@@ -305,9 +305,8 @@ def claims_run(command: Command, run: Runner, report_dir: Path, claims: list[str
     record = None
     if path is not None:
         try:
-            record = load(path)
-            check_record(record)
-        except ValueError:
+            record = read_record(path)
+        except (OSError, ValueError):
             record = None
     return {"record": record, "path": str(path) if path else None, "exit_status": code, "seconds": round(time.monotonic() - t0, 1)}
 

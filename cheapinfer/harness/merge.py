@@ -17,13 +17,14 @@ from .registry import DEVIATES, NOT_RUN, VERDICTS
 from .report import KEY_ENVIRONMENT, RECORD_NAME
 from .tables import machine_label, markdown_table
 from . import compare
+from .schema import ClaimEntry, RunRecord
 
 # ----------------------------------------------------------------------------------------------
 # merge
 # ----------------------------------------------------------------------------------------------
 
 
-def _labels(records: list[dict[str, Any]]) -> list[str]:
+def _labels(records: list[RunRecord]) -> list[str]:
     labels: list[str] = []
     for rec in records:
         base = machine_label(rec.get("environment", {}))
@@ -35,7 +36,7 @@ def _labels(records: list[dict[str, Any]]) -> list[str]:
     return labels
 
 
-def _cell(claim: dict[str, Any] | None) -> str:
+def _cell(claim: ClaimEntry | None) -> str:
     """Overall verdict, then for each profile that ran its first failed check, else its first asserted one."""
     if claim is None:
         return "—"
@@ -50,7 +51,7 @@ def _cell(claim: dict[str, Any] | None) -> str:
     return text + (" (" + "; ".join(parts) + ")" if parts else "")
 
 
-def merge(records: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+def merge(records: list[RunRecord], sources: list[str]) -> dict[str, Any]:
     """Several run records as one claim x machine matrix (JSON-ready)."""
     labels = _labels(records)
     machines = [
@@ -85,7 +86,7 @@ def merge(records: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
 MATRIX_MARK = "<!-- claims x machines matrix, written by python -m cheapinfer merge -->"
 
 
-def merge_markdown(records: list[dict[str, Any]], sources: list[str]) -> str:
+def merge_markdown(records: list[RunRecord], sources: list[str]) -> str:
     matrix = merge(records, sources)
     labels = [m["label"] for m in matrix["machines"]]
     lines = [MATRIX_MARK, "# Claims x machines", "", "## Machines", ""]

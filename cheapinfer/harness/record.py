@@ -15,26 +15,26 @@ from typing import Any, Iterable
 
 from . import registry, verdict
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
+from .schema import ResultEntry
 
 
 
-#: The fault record (``faults.json``): a target claim the fault turned red, one the sweep did not run
-#: (another claim had already caught the fault in that run), the file's name, and the two modes of a run.
 #: How a result that is *not run* because its test raised before a verdict (an error, not a skip) begins its
 #: reason; the result also says so in its ``harness_error`` field (records written before that field: the prefix).
 ERROR_REASON = "error before a verdict"
 
 
-def is_harness_error(result: dict[str, Any]) -> bool:
+def is_harness_error(result: ResultEntry) -> bool:
     """A result that is *not run* because its test raised before a verdict, not because it was skipped."""
     if result.get("verdict") != NOT_RUN:
         return False
     return bool(result.get("harness_error")) or str(result.get("reason", "")).startswith(ERROR_REASON)
 
 
+#: The fault record's verdicts of a target claim (``schema.FaultEntry``): the fault turned it red, or the sweep did
+#: not run it (another claim had already caught the fault in that run); and the two modes of a fault run.
 RED = "red"
 NOT_REACHED = "not reached"
-RESULT_NAME = "faults.json"
 SWEEP, ALL_TARGETS = "sweep", "all targets"
 
 
@@ -72,12 +72,13 @@ class Result:
     harness_error: bool = False  # not run because the test raised before a verdict (is_harness_error)
     load: dict[str, Any] = field(default_factory=dict)  # the machine's load around a clocked measurement (load average, CPU steal)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ResultEntry:
+        """The result as the run record holds it (:class:`cheapinfer.harness.schema.ResultEntry`)."""
         return jsonable(asdict(self))
 
 
 class Recorder:
-    """``versions``: the installed library versions (``device.environment()``), for errata that hold on some releases only."""
+    """``versions``: the installed library versions (``device.library_versions()``), for errata that hold on some releases only."""
 
     def __init__(self, perturb: Iterable[str] = (), versions: dict[str, str] | None = None):
         self.results: list[Result] = []

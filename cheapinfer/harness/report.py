@@ -21,11 +21,11 @@ from typing import Any
 from .. import __version__
 from . import registry
 from .record import overall
+from .schema import ClaimEntry, RECORD_NAME, RUN_SCHEMA, ResultEntry, RunRecord
 from .registry import NO_TEST, NOT_RUN, fmt
 from . import errata, tables
 
 
-RECORD_NAME = "run.json"
 ERRATA_NAME = "errata.md"
 #: Every run's own record, ``<report dir>/runs/<UTC stamp>-<run id>.json``, beside the latest ``run.json``.
 RUNS_DIR = "runs"
@@ -33,7 +33,6 @@ RUNS_DIR = "runs"
 BENCHMARKS_SUFFIX = ".benchmarks.json"
 #: The run id ``python -m cheapinfer verify`` gives its pytest, which names that run's record with it.
 RUN_ID_VARIABLE = "CHEAPINFER_RUN_ID"
-SCHEMA = 1
 #: The environment entries a reader needs to compare two runs, in the order the report shows them.
 KEY_ENVIRONMENT = ("cpu", "gpu", "driver", "cuda", "torch", "transformers", "bitsandbytes", "gguf")
 
@@ -80,10 +79,10 @@ def build(
     tested: dict[str, list[str]],
     faults: dict[str, list[str]] | None = None,
     fault_run: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> RunRecord:
     """The run record. ``faults``: claim ID -> the known faults that turn it red (the catalogue);
     ``fault_run``: the last ``python -m cheapinfer faults`` result, if there is one."""
-    claims = {}
+    claims: dict[str, ClaimEntry] = {}
     for claim_id, claim in registry.load().items():
         mine = [r for r in results if r["claim"] == claim_id]
         if not mine and claim_id in tested:
@@ -105,8 +104,8 @@ def build(
             "checks": [_check_spec(c) for c in claim.checks],
             "results": mine,
         }
-    record = {
-        "schema": SCHEMA,
+    record: RunRecord = {
+        "schema": RUN_SCHEMA,
         "suite": f"cheapinfer {__version__}",
         "created": run.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": run,
@@ -185,11 +184,11 @@ def atomic_write(*files: tuple[Path, str | bytes]) -> None:
             tmp.unlink(missing_ok=True)  # already renamed, unless something failed
 
 
-def _json(record: dict[str, Any]) -> str:
+def _json(record: RunRecord) -> str:
     return json.dumps(record, indent=1, sort_keys=False, default=str) + "\n"
 
 
-def _stamp(record: dict[str, Any]) -> str:
+def _stamp(record: RunRecord) -> str:
     return str(record.get("created", "")).replace("-", "").replace(":", "") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
@@ -198,7 +197,7 @@ def new_run_id() -> str:
     return secrets.token_hex(6)
 
 
-def keep(record: dict[str, Any], outdir: Path, benchmarks: Path | None = None) -> Path:
+def keep(record: RunRecord, outdir: Path, benchmarks: Path | None = None) -> Path:
     """This run's own copy of the record, ``runs/<UTC stamp>-<run id>.json``: concurrent and repeated runs lose nothing.
 
     The run id is ``record["run"]["id"]`` (:func:`new_run_id` when there is none). ``benchmarks``: this run's
@@ -228,7 +227,7 @@ def own_record(outdir: Path, run_id: str) -> Path | None:
     return mine[-1] if mine else None
 
 
-def write(record: dict[str, Any], outdir: Path) -> tuple[Path, Path]:
+def write(record: RunRecord, outdir: Path) -> tuple[Path, Path]:
     """The latest record and errata report (``run.json``, ``errata.md``), replaced together: both are written in
     full before either is renamed into place, so a failure (a full disk) leaves the previous pair as it was."""
     outdir = Path(outdir)
@@ -238,25 +237,17 @@ def write(record: dict[str, Any], outdir: Path) -> tuple[Path, Path]:
     return rec, md
 
 
-def load(path: Path) -> dict[str, Any]:
-    """A run record from ``run.json`` or from the report directory holding it."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / RECORD_NAME
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 # ----------------------------------------------------------------------------------------------
 # per section and per claim
 # ----------------------------------------------------------------------------------------------
 
 
-def _book_cell(claim: dict[str, Any]) -> str:
+def _book_cell(claim: ClaimEntry) -> str:
     units = claim.get("units", {})
     return "; ".join(f"{k} {tables.with_unit(v, units.get(k))}" for k, v in claim["book"].items()) or "—"
 
 
-def _compact_rows(cid: str, claim: dict[str, Any]) -> list[list[Any]]:
+def _compact_rows(cid: str, claim: ClaimEntry) -> list[list[Any]]:
     if claim["verdict"] == NO_TEST or not claim["results"]:
         return [[cid, _book_cell(claim), "—", "—", tables.BADGE[NO_TEST], "—"]]
     rows = []
@@ -277,7 +268,7 @@ def _compact_rows(cid: str, claim: dict[str, Any]) -> list[list[Any]]:
     return [row if i == 0 else ["", "", *row[2:]] for i, row in enumerate(rows)]
 
 
-def _result_lines(claim_id: str, claim: dict[str, Any], r: dict[str, Any]) -> list[str]:
+def _result_lines(claim_id: str, claim: ClaimEntry, r: ResultEntry) -> list[str]:
     head = f"- **{r['profile']}** on {r['device']}: {tables.BADGE[r['verdict']]}" if r["profile"] != "-" else f"- {tables.BADGE[r['verdict']]}"
     if r.get("perturbed"):
         head += " (book values perturbed on purpose with --perturb)"
@@ -313,7 +304,7 @@ def _result_lines(claim_id: str, claim: dict[str, Any], r: dict[str, Any]) -> li
     return lines
 
 
-def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _figures(record: RunRecord) -> list[tuple[str, str, str]]:
     out = []
     for cid, c in record["claims"].items():
         for r in c["results"]:
@@ -322,7 +313,7 @@ def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
-def markdown(record: dict[str, Any]) -> str:
+def markdown(record: RunRecord) -> str:
     env = record["environment"]
     versions = ", ".join(f"{k} {env[k]}" for k in KEY_ENVIRONMENT[4:] if k in env)
     lines = [

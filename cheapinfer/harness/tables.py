@@ -10,6 +10,7 @@ from typing import Any
 
 from . import registry
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+from .schema import CheckResult, ClaimEntry, RunRecord
 
 
 BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "shape holds", ERRATUM: "erratum (confirmed)", INCONCLUSIVE: "inconclusive",
@@ -30,12 +31,12 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out
 
 
-def section_titles(record: dict[str, Any]) -> dict[str, str]:
+def section_titles(record: RunRecord) -> dict[str, str]:
     """Section key -> title, from the record (older records without it: the registry's titles)."""
     return record.get("sections") or dict(registry.SECTIONS)
 
 
-def summary_table(record: dict[str, Any]) -> list[str]:
+def summary_table(record: RunRecord) -> list[str]:
     counts: dict[str, Counter] = {}
     for c in record["claims"].values():
         counts.setdefault(c["section"], Counter())[c["verdict"]] += 1
@@ -67,7 +68,7 @@ def code_span(text: Any) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
-def printed_text(claim: dict[str, Any], key: str) -> str:
+def printed_text(claim: ClaimEntry, key: str) -> str:
     src = claim.get("source", {}).get(key)
     if not src:
         return ""
@@ -76,6 +77,6 @@ def printed_text(claim: dict[str, Any], key: str) -> str:
     return f'{"printed" if src["kind"] == "printed" else "read from"} "{src["text"]}"'
 
 
-def noise_words(chk: dict[str, Any]) -> str:
+def noise_words(chk: CheckResult) -> str:
     """How a noisy check's standard error was estimated, in words (a record without the kind: over the rounds)."""
     return registry.NOISE_WORDS.get(chk.get("noise") or "rounds", "standard error")

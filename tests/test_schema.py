@@ -1,0 +1,121 @@
+"""The typed records: what the writers write is what the types declare, and the one validator holds a record
+to them in one line naming the place."""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+import typing
+from pathlib import Path
+
+import pytest
+
+from cheapinfer.faults import runner as faults
+from cheapinfer.harness import record, registry, report, schema
+
+RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
+
+
+def _undeclared(value, tp, where: str) -> list[str]:
+    """Keys ``value`` holds that its type does not declare, at every level of a TypedDict (``Any`` ends the walk)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        tp = next((a for a in args if a is not type(None)), tp)
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    out = []
+    if typing.is_typeddict(tp) and isinstance(value, dict):
+        fields = schema._fields(tp)
+        out += [f"{where}.{k}" for k in value if k not in fields]
+        for k, t in fields.items():
+            if k in value:
+                out += _undeclared(value[k], t, f"{where}.{k}")
+    elif origin is list and isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _undeclared(v, args[0], f"{where}[{i}]")
+    elif origin is dict and isinstance(value, dict):
+        for k, v in value.items():
+            out += _undeclared(v, args[1], f"{where}.{k}")
+    return out
+
+
+def _built_record() -> dict:
+    """A record as a run writes it: every result kind (judged, not run, a harness error, a placeholder) and a fault run."""
+    rec = record.Recorder(perturb=["KV-SCORES-BYTES"])
+    rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": 12_288}, tables=[{"title": "t", "header": ["a"], "rows": [[1]]}],
+               notes=["n"], test="claims/test_kv_cache.py::t", seconds=0.1, load={"loadavg_before": [0.1, 0.1, 0.1], "cpus": 2})
+    rec.verify("KV-HEAD-TIMING", "twin", "cpu", {"ratio_growth": 2.0, "ratio_growth_se": 0.01, "recompute_over_cached_4096": 50.0, "rounds": 5})
+    rec.not_run("KV-IDENTITY", "twin", "cpu", "skipped: no reason", test="claims/test_kv_cache.py::x")
+    rec.not_run("KV-API", "twin", "cpu", f"{record.ERROR_REASON}: ImportError", test="claims/test_kv_cache.py::y", harness_error=True)
+    results = [r.to_dict() for r in rec.results]
+    fault = {"schema": schema.FAULT_SCHEMA, "suite": "cheapinfer 0", "created": "2026-01-01T00:00:00Z", "runs": 1, "mode": record.SWEEP,
+             "seconds": 1.0, "uncovered": [], "faults": {"f": {"section": "KV", "kind": "k", "what": "w", "targets": ["KV-IDENTITY"], "clocked": False,
+                                                              "runs": [{"KV-IDENTITY": record.RED}], "caught": 1, "seconds": 1.0}}}
+    tested = {"KV-BYTES-FORMULA": ["t"], "KV-HEAD-TIMING": ["t"], "KV-IDENTITY": ["t"], "KV-API": ["t"], "KV-MACS": ["t"]}
+    return report.build(results, {"cpu": "x", "torch": "2"}, {"id": "abc", "command": "pytest"}, tested, faults={"KV-IDENTITY": ["f"]}, fault_run=fault)
+
+
+def test_what_the_report_writes_is_what_the_schema_declares():
+    """A key the writer adds without declaring it in the schema fails here: the types keep up with the record."""
+    built = json.loads(json.dumps(_built_record(), default=str))
+    schema.check_record(built)
+    assert _undeclared(built, schema.RunRecord, "record") == []
+
+
+def test_the_pinned_record_and_the_runners_fault_record_conform(monkeypatch, tmp_path):
+    pinned = json.loads(RECORD.read_text(encoding="utf-8"))
+    schema.check_record(pinned)
+    assert _undeclared(pinned, schema.RunRecord, "record") == []
+    some = next(iter(faults.catalogue()))
+    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: {cid: record.RED for cid in claims})
+    written = json.loads(json.dumps(faults.run([some], 1, tmp_path, echo=lambda line: None)))
+    assert schema.check_fault_record(written) is written and written["schema"] == schema.FAULT_SCHEMA
+    assert _undeclared(written, schema.FaultRecord, "faults") == []
+    (tmp_path / schema.FAULTS_NAME).write_text(json.dumps(written))
+    assert faults.last_run(tmp_path) == written
+
+
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        (lambda r: r["claims"]["KV-IDENTITY"]["results"][0]["checks"][0].update(asserted="yes"),
+         "claim KV-IDENTITY: results[0]: checks[0]: 'asserted': expected true or false"),
+        (lambda r: r["claims"]["KV-IDENTITY"].update(statement=None), "claim KV-IDENTITY: 'statement': expected a string"),
+        (lambda r: r["claims"]["KV-IDENTITY"]["results"][0].update(seconds="slow"), "claim KV-IDENTITY: results[0]: 'seconds': expected a number"),
+        (lambda r: r["claims"]["KV-IDENTITY"]["checks"][0].update(kind="digit"), "claim KV-IDENTITY: checks[0]: 'kind': expected digits or shape"),
+        (lambda r: r["fault_run"]["faults"]["kv-decode-ignores-cache"].pop("targets"),
+         "the record: fault_run: faults: kv-decode-ignores-cache: expected an object with 'runs', 'targets'; it has no 'targets'"),
+        (lambda r: r["fault_run"].update(schema=7), "the record: fault_run: 'schema': expected 1 (the schemas this version reads), not 7"),
+        (lambda r: r.update(summary={"reproduced": "many"}), "the record: summary: reproduced: expected an integer"),
+    ],
+)
+def test_a_record_of_the_wrong_type_anywhere_is_one_line_naming_the_place(break_it, message):
+    rec = json.loads(RECORD.read_text(encoding="utf-8"))
+    break_it(rec)
+    with pytest.raises(schema.RecordError) as exc:
+        schema.check_record(rec)
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_a_fault_record_is_read_only_when_it_is_one(tmp_path):
+    """faults.json: an earlier version's (no schema) is read; another schema, a missing key or a broken file is none."""
+    good = json.loads(RECORD.read_text(encoding="utf-8"))["fault_run"]
+    assert "schema" not in good and schema.check_fault_record(copy.deepcopy(good)) == good
+    path = tmp_path / schema.FAULTS_NAME
+    for broken in ({**good, "schema": 2}, {**good, "suite": "otherbench 1"}, {k: v for k, v in good.items() if k != "runs"}):
+        path.write_text(json.dumps(broken))
+        with pytest.raises(schema.RecordError):
+            schema.read_fault_record(tmp_path)
+        assert faults.last_run(tmp_path) is None
+    path.write_text("{not json")
+    assert faults.last_run(tmp_path) is None
+
+
+def test_the_record_schema_names_every_verdict_the_registry_knows_only_at_read_time(monkeypatch):
+    """The verdicts are the registry's (read when a record is checked), not a copy in the types."""
+    rec = json.loads(RECORD.read_text(encoding="utf-8"))
+    rec["claims"]["KV-IDENTITY"]["verdict"] = "new verdict"
+    with pytest.raises(schema.RecordError, match="not 'new verdict'"):
+        schema.check_record(rec)
+    monkeypatch.setattr(registry, "VERDICTS", (*registry.VERDICTS, "new verdict"))
+    schema.check_record(rec)
