@@ -134,7 +134,7 @@ def test_write_puts_json_and_markdown_in_the_report_dir(tmp_path):
 
 
 def test_environment_record_names_hardware_driver_and_library_versions():
-    env = devices.environment()
+    env = devices.environment("cpu")
     missing = [k for k in ENV_KEYS if not env.get(k)]
     assert not missing, f"environment() lacks {missing}"
     md = report.markdown(_built())
@@ -144,16 +144,16 @@ def test_environment_record_names_hardware_driver_and_library_versions():
 
 def test_benchmark_json_carries_the_environment():
     """pytest-benchmark writes machine_info into benchmarks.json; the suite adds its environment record."""
-    from fixtures import recording
+    from fixtures import options, recording
 
     class Config:
-        stash = {"device": "cpu"}
+        stash = {options.DEVICE: "cpu"}
 
     machine_info: dict = {}
     recording.pytest_benchmark_update_machine_info(Config(), machine_info)
     assert all(machine_info["cheapinfer"].get(k) for k in ENV_KEYS)
     assert machine_info["cheapinfer"]["device"] == "cpu"
-    assert "device" not in devices.environment(), "the run's environment record must not pick up the benchmark's device entry"
+    assert "device" not in devices.environment("cpu"), "the run's environment record must not pick up the benchmark's device entry"
 
 
 def test_markdown_renders_records_without_the_newer_keys(fixed_record):

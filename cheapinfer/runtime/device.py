@@ -21,9 +21,6 @@ from .profiles import ISA_VARIABLES
 T = TypeVar("T")
 R = TypeVar("R")
 
-_chosen: list[torch.device] = []  # the device the last ``pick`` returned: the run's device
-
-
 class DeviceUnavailable(RuntimeError):
     """The requested device does not exist on this machine."""
 
@@ -52,7 +49,6 @@ def pick(requested: str = "auto") -> torch.device:
                 f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')} renumbers them from 0)"
             )
         torch.cuda.set_device(device)  # tensors made on plain "cuda" land on the chosen card
-    _chosen[:] = [device]
     return device
 
 
@@ -81,15 +77,13 @@ def _timing_threads() -> int:
     return TIMING_THREADS or torch.get_num_threads()
 
 
-def environment(device: torch.device | str | None = None) -> dict[str, str]:
+def environment(device: torch.device | str) -> dict[str, str]:
     """What a reader needs to compare two runs: hardware, driver and library versions.
 
-    The GPU entries describe ``device``, by default the run's device (the one ``pick`` chose; with
-    ``CUDA_VISIBLE_DEVICES`` numbered among the visible cards): a run on the CPU says ``gpu = none``.
+    The GPU entries describe ``device``, the run's device (the one ``pick`` chose, which the plugin keeps in its
+    config; with ``CUDA_VISIBLE_DEVICES`` numbered among the visible cards): a run on the CPU says ``gpu = none``.
     The returned dict is shared: copy it before changing it.
     """
-    if device is None:
-        device = _chosen[0] if _chosen else pick("auto")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
