@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.faults import core, runner as faults
+from cheapinfer.faults import child, core, runner as faults
 from cheapinfer.harness import registry, schema
 from harness import python_m
 from cheapinfer.harness import claimfiles, record
@@ -145,10 +145,10 @@ def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
 def test_a_fault_run_starts_pytest_from_the_fork_server_or_a_fresh_interpreter(monkeypatch, tmp_path, fork):
     """Both ways of starting a fault's pytest give its exit status and its output's last line; a timeout is None."""
     if not fork:
-        monkeypatch.setattr(faults, "_fork_context", lambda: None)
-    code, tail = faults._pytest(["--version"], ROOT, 1, 120, tmp_path / "pytest.log")
+        monkeypatch.setattr(child, "_fork_context", lambda: None)
+    code, tail = child.pytest_run(["--version"], ROOT, 1, 120, tmp_path / "pytest.log")
     assert code == 0 and tail.startswith("pytest "), (code, tail)
-    code, _ = faults._pytest(["claims/test_budget.py", "-q", "-p", "no:cacheprovider", "--report-dir", str(tmp_path)], ROOT, 1, 0.01, tmp_path / "slow.log")
+    code, _ = child.pytest_run(["claims/test_budget.py", "-q", "-p", "no:cacheprovider", "--report-dir", str(tmp_path)], ROOT, 1, 0.01, tmp_path / "slow.log")
     assert code is None
 
 
@@ -210,10 +210,35 @@ def test_sigterm_stops_the_fault_runs_and_removes_their_temporary_directory(tmp_
 
 def test_a_halted_runner_starts_no_fault_run(monkeypatch):
     """After halt() (SIGTERM), a worker that was about to start a fault's pytest does not."""
-    monkeypatch.setattr(faults, "_fork_context", lambda: None)
-    faults.halt()
+    monkeypatch.setattr(child, "_fork_context", lambda: None)
+    child.halt()
     try:
-        with pytest.raises(faults.Halted):
-            faults._pytest(["--version"], ROOT, 1, 60, Path("unused.log"))
+        with pytest.raises(child.Halted):
+            child.pytest_run(["--version"], ROOT, 1, 60, Path("unused.log"))
     finally:
-        faults._halted.clear()
+        child.clear_halt()
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan: which claims each fault run tries, in which phase and order (pure)
+# ------------------------------------------------------------------------------------------------
+
+_TARGETS = {"quick": ("A",), "long": ("B",), "timed": ("C", "T"), "only-timed": ("T",), "slow": ("S",)}
+
+
+def test_the_sweep_counts_unclocked_claims_first_and_times_clocked_ones_alone_after():
+    first, quiet = faults.plan(_TARGETS, 2, clocked={"T"}, slow={"S"}, last_seconds={"long": 300.0})
+    assert quiet == ["timed", "only-timed"]
+    assert all("T" not in claims for _, _, claims in first), first  # a clocked claim never runs beside another fault
+    assert {(n, i) for n, i, _ in first} == {(n, i) for n in ("quick", "long", "timed", "slow") for i in range(2)}  # only-timed has nothing counted
+    assert [n for n, _, _ in first[:2]] == ["long", "long"]  # the longest last time starts first
+    assert [n for n, _, _ in first[2:4]] == ["slow", "slow"]  # then, without a last time, the slow tests
+    alone = faults.alone_jobs(_TARGETS, quiet, 2, {"T"}, caught=lambda n, i: (n, i) == ("timed", 0))
+    assert alone == [("timed", 1, ("T",)), ("only-timed", 0, ("T",)), ("only-timed", 1, ("T",))]  # run 0 of timed was caught counted
+
+
+def test_all_targets_runs_every_claim_and_a_fault_with_a_clocked_one_alone():
+    first, quiet = faults.plan(_TARGETS, 1, clocked={"T"}, slow=set(), last_seconds={}, all_targets=True)
+    assert {n for n, _, _ in first} == {"quick", "long", "slow"} and quiet == ["timed", "only-timed"]
+    alone = faults.alone_jobs(_TARGETS, quiet, 1, {"T"}, caught=lambda n, i: True, all_targets=True)
+    assert alone == [("timed", 0, ("C", "T")), ("only-timed", 0, ("T",))]  # caught or not: every target claim runs

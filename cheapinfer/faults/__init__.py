@@ -1,8 +1,9 @@
 """Faults in the measured system, injected to prove that the claims can turn red.
 
 ``catalogue``: every fault, a realistic bug or library regression written as a patch of the measurement
-code, with the claims it must turn red. ``runner``: runs the claims under each fault and records which
-turned red (``python -m cheapinfer faults``).
+code, with the claims it must turn red. ``core``: what a fault is and how it registers. ``runner``: runs the claims
+under each fault and records which turned red (``python -m cheapinfer faults``), its phases planned by the pure
+``plan`` and ``alone_jobs``; ``child``: the pytest processes of the fault runs (a fork server) and ``halt``.
 
 May import: ``chapter``, ``runtime`` and ``harness``.
 """

@@ -17,15 +17,15 @@ A fault is written and registered as :mod:`cheapinfer.faults.core` says.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 from .. import CHECKOUT, __version__
 from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_fault_record, read_record
 from ..runtime.cli import Terminated, terminate
+from .child import clear_halt, halt, pytest_run
 from .core import FAULTS, Fault
 
 def catalogue() -> dict[str, Fault]:
@@ -52,149 +52,6 @@ def targeted_by(claim_id: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 
 
-
-#: Modules a pytest of a fault run imports anyway: loaded once into the fork server its runs start from.
-_PRELOAD = ["torch", "transformers", "scipy.stats", "numpy", "pytest", "hypothesis", "pytest_benchmark.plugin", "cheapinfer.faults.catalogue"]
-_forks = None
-
-
-def _fork_context():
-    """A ``forkserver`` context whose server has imported :data:`_PRELOAD` (None where there is no fork).
-
-    A fault run then starts from a process that has torch, transformers and the suite loaded, instead
-    of importing them again (about 3 s of each run). The server itself never runs a tensor operation,
-    so nothing of a thread pool is inherited: each run sets its own torch threads.
-    """
-    global _forks
-    import multiprocessing
-
-    if _forks is None and "forkserver" in multiprocessing.get_all_start_methods():
-        _forks = multiprocessing.get_context("forkserver")
-        _forks.set_forkserver_preload(_PRELOAD)
-    return _forks
-
-
-def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> None:
-    """Run ``pytest args`` in this (forked) process, output to ``log``; its exit status is the process's."""
-    import os
-    import sys
-
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    code = 3
-    try:
-        if threads:
-            import torch
-
-            os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
-            torch.set_num_threads(threads)  # the OpenMP runtime read its variable when the server loaded torch
-        os.chdir(root)
-        # tqdm (transformers' loading bars) would make a multiprocessing lock, which this child, ending with
-        # os._exit, could never release: the fork server's resource tracker would warn of it at the end.
-        import threading
-
-        from tqdm import tqdm
-
-        tqdm.set_lock(threading.RLock())
-        import pytest
-
-        code = int(pytest.main(args))
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-class Halted(Exception):
-    """The runner was stopped (:func:`halt`): no fault run starts, the running ones were killed."""
-
-
-#: The pytest processes of the fault runs now running, and whether the runner was stopped.
-_live: set = set()
-_live_lock = threading.Lock()
-_halted = threading.Event()
-
-
-def halt() -> None:
-    """Stop the runner: no fault run starts any more, and every running one is killed (SIGKILL)."""
-    with _live_lock:
-        _halted.set()
-        for child in list(_live):
-            child.kill()
-
-
-def _started(start: Callable[[], Any]) -> Any:
-    """``start()`` a fault run's process and track it, unless the runner was stopped (then :class:`Halted`)."""
-    with _live_lock:
-        if _halted.is_set():
-            raise Halted()
-        child = start()
-        _live.add(child)
-        return child
-
-
-def _ended(child: Any) -> None:
-    with _live_lock:
-        _live.discard(child)
-    if _halted.is_set():  # killed by halt(): what it left is no result
-        raise Halted()
-
-
-def _pytest(args: list[str], root: Path, threads: int | None, timeout: float, log: Path) -> tuple[int | None, str]:
-    """``python -m pytest args`` in ``root``: (exit status, or None on timeout; the output's last line).
-
-    The process is tracked while it runs: :func:`halt` kills it. On any exception here (SIGTERM in the
-    thread that waits for it) it is killed before the exception goes on.
-    """
-    import os
-    import subprocess
-    import sys
-
-    ctx = _fork_context()
-    if ctx is None:  # no fork here: a fresh interpreter per run
-        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
-        proc = _started(lambda: subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=root, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.PIPE, text=True, env=env))
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return None, ""
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            _ended(proc)
-        return proc.returncode, ((out + err).strip().splitlines() or ["no output"])[-1]
-
-    def start():
-        child = ctx.Process(target=_pytest_child, args=(args, str(root), threads, str(log)), daemon=True)
-        child.start()
-        return child
-
-    child = _started(start)
-    try:
-        child.join(timeout)
-        if child.is_alive():
-            child.kill()
-            child.join()
-            return None, ""
-    except BaseException:
-        child.kill()
-        child.join()
-        raise
-    finally:
-        _ended(child)
-    try:
-        tail = (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["no output"])[-1]
-    except OSError:
-        tail = "no output"
-    return child.exitcode, tail
-
-
 def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float, threads: int | None = None,
              stop: bool = False) -> dict[str, str]:
     """Run the tests of ``claims`` with ``fault`` active; the verdict of each claim.
@@ -211,7 +68,7 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
         "--fault", fault.name, "--claims", ",".join(claims), "--report-dir", str(outdir),
         "--benchmark-disable", "--benchmark-json", str(outdir / "benchmarks.json"), *(["--stop-on-red"] if stop else []),
     ]
-    code, tail = _pytest(args, root, threads, timeout, outdir / "pytest.log")
+    code, tail = pytest_run(args, root, threads, timeout, outdir / "pytest.log")
     if code is None:
         return {cid: f"timed out after {timeout:.0f} s" for cid in claims}
     try:
@@ -242,6 +99,38 @@ def uncovered() -> list[str]:
     named = {cid for f in catalogue().values() for cid in f.targets}
     tested = tested_ids(CHECKOUT / "claims")
     return [cid for cid in registry.load() if cid in tested and cid not in named]
+
+
+#: One fault run: (the fault's name, the run's index, the claims it runs).
+Job = tuple[str, int, tuple[str, ...]]
+
+
+def plan(targets: Mapping[str, Sequence[str]], runs: int, clocked: set[str], slow: set[str], last_seconds: Mapping[str, float],
+         all_targets: bool = False) -> tuple[list[Job], list[str]]:
+    """The counted phase's jobs, in the order they start, and the faults that have a clocked claim (the alone phase's).
+
+    ``targets``: each fault's target claims; ``clocked``: claims whose test reads a clock; ``slow``: claims with a
+    slow test; ``last_seconds``: each fault's seconds in the last fault run. In the sweep the counted phase runs
+    each fault's unclocked claims; with ``all_targets``, every claim of each fault that has no clocked claim. Longest
+    first, so that no long fault starts last: by the last run's seconds where there is one, else the faults whose
+    claims have a slow test first. Pure: the runner and its tests share it.
+    """
+    quiet = [n for n, t in targets.items() if set(t) & clocked]
+    if all_targets:
+        first = [(n, i, tuple(t)) for n, t in targets.items() if n not in quiet for i in range(runs)]
+    else:
+        first = [(n, i, a) for n, t in targets.items() for i in range(runs) if (a := tuple(c for c in t if c not in clocked))]
+    first.sort(key=lambda job: (-float(last_seconds.get(job[0], 0) or 0), not set(job[2]) & slow))
+    return first, quiet
+
+
+def alone_jobs(targets: Mapping[str, Sequence[str]], quiet: Sequence[str], runs: int, clocked: set[str], caught: Callable[[str, int], bool],
+               all_targets: bool = False) -> list[Job]:
+    """The alone phase, chosen after the counted one: the clocked claims of each fault's runs that no counted claim
+    caught (``caught(fault, run)``); with ``all_targets``, every claim of every fault with a clocked claim."""
+    if all_targets:
+        return [(n, i, tuple(targets[n])) for n in quiet for i in range(runs)]
+    return [(n, i, tuple(c for c in targets[n] if c in clocked)) for n in quiet for i in range(runs) if not caught(n, i)]
 
 
 def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2,
@@ -285,28 +174,15 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
     def caught(name: str, i: int) -> bool:
         return any(v == RED for v in per_run[name][i].values())
 
-    quiet = [n for n in names if set(faults[n].targets) & clocked]
-    if all_targets:
-        first = [(n, i, faults[n].targets) for n in names if n not in quiet for i in range(runs)]
-    else:
-        first = [(n, i, a) for n in names for i in range(runs) if (a := tuple(t for t in faults[n].targets if t not in clocked))]
-
-    def second() -> list[tuple[str, int, tuple[str, ...]]]:
-        """The alone phase, chosen after the first: in the sweep, only the runs no counted claim caught."""
-        if all_targets:
-            return [(n, i, faults[n].targets) for n in quiet for i in range(runs)]
-        return [(n, i, tuple(t for t in faults[n].targets if t in clocked)) for n in quiet for i in range(runs) if not caught(n, i)]
-    # Longest first, so that no long fault starts last: by the last run's seconds where there is one,
-    # else the faults whose claims have a slow test first.
-    before = (last_run(outdir) or {}).get("faults", {})
-    slow = slow_claims()
-    first.sort(key=lambda job: (-float((before.get(job[0]) or {}).get("seconds", 0) or 0), not set(job[2]) & slow))
-    _halted.clear()
+    targets = {n: faults[n].targets for n in names}
+    last = (last_run(outdir) or {}).get("faults", {})
+    first, quiet = plan(targets, runs, clocked, slow_claims(), {n: f.get("seconds", 0) for n, f in last.items()}, all_targets)
+    clear_halt()
     with tempfile.TemporaryDirectory(prefix="cheapinfer-faults-") as tmp:
         pool = ThreadPoolExecutor(max_workers=max(1, workers))
         try:
             list(pool.map(lambda job: step(*job, tmp, False, "counted"), first))
-            for job in second():
+            for job in alone_jobs(targets, quiet, runs, clocked, caught, all_targets):
                 step(*job, tmp, True, "clocked")
         except BaseException:  # SIGTERM (faults_cli), Ctrl-C: the running fault runs end now, before the folder goes
             halt()

@@ -1,0 +1,155 @@
+"""The processes of a fault run: each runs ``pytest`` with one fault active, forked from a server that has torch,
+transformers and the suite loaded; :func:`halt` stops them all (SIGTERM, Ctrl-C of ``python -m cheapinfer faults``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+#: Modules a pytest of a fault run imports anyway: loaded once into the fork server its runs start from.
+_PRELOAD = ["torch", "transformers", "scipy.stats", "numpy", "pytest", "hypothesis", "pytest_benchmark.plugin", "cheapinfer.faults.catalogue"]
+_forks = None
+
+
+def _fork_context():
+    """A ``forkserver`` context whose server has imported :data:`_PRELOAD` (None where there is no fork).
+
+    A fault run then starts from a process that has torch, transformers and the suite loaded, instead
+    of importing them again (about 3 s of each run). The server itself never runs a tensor operation,
+    so nothing of a thread pool is inherited: each run sets its own torch threads.
+    """
+    global _forks
+    import multiprocessing
+
+    if _forks is None and "forkserver" in multiprocessing.get_all_start_methods():
+        _forks = multiprocessing.get_context("forkserver")
+        _forks.set_forkserver_preload(_PRELOAD)
+    return _forks
+
+
+def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> None:
+    """Run ``pytest args`` in this (forked) process, output to ``log``; its exit status is the process's."""
+    import os
+    import sys
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 3
+    try:
+        if threads:
+            import torch
+
+            os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+            torch.set_num_threads(threads)  # the OpenMP runtime read its variable when the server loaded torch
+        os.chdir(root)
+        # tqdm (transformers' loading bars) would make a multiprocessing lock, which this child, ending with
+        # os._exit, could never release: the fork server's resource tracker would warn of it at the end.
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
+        import pytest
+
+        code = int(pytest.main(args))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class Halted(Exception):
+    """The runner was stopped (:func:`halt`): no fault run starts, the running ones were killed."""
+
+
+#: The pytest processes of the fault runs now running, and whether the runner was stopped.
+_live: set = set()
+_live_lock = threading.Lock()
+_halted = threading.Event()
+
+
+def clear_halt() -> None:
+    """Let fault runs start again (a new ``run`` after a halted one)."""
+    _halted.clear()
+
+
+def halt() -> None:
+    """Stop the runner: no fault run starts any more, and every running one is killed (SIGKILL)."""
+    with _live_lock:
+        _halted.set()
+        for child in list(_live):
+            child.kill()
+
+
+def _started(start: Callable[[], Any]) -> Any:
+    """``start()`` a fault run's process and track it, unless the runner was stopped (then :class:`Halted`)."""
+    with _live_lock:
+        if _halted.is_set():
+            raise Halted()
+        child = start()
+        _live.add(child)
+        return child
+
+
+def _ended(child: Any) -> None:
+    with _live_lock:
+        _live.discard(child)
+    if _halted.is_set():  # killed by halt(): what it left is no result
+        raise Halted()
+
+
+def pytest_run(args: list[str], root: Path, threads: int | None, timeout: float, log: Path) -> tuple[int | None, str]:
+    """``python -m pytest args`` in ``root``: (exit status, or None on timeout; the output's last line).
+
+    The process is tracked while it runs: :func:`halt` kills it. On any exception here (SIGTERM in the
+    thread that waits for it) it is killed before the exception goes on.
+    """
+    import os
+    import subprocess
+    import sys
+
+    ctx = _fork_context()
+    if ctx is None:  # no fork here: a fresh interpreter per run
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+        proc = _started(lambda: subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=root, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, text=True, env=env))
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None, ""
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            _ended(proc)
+        return proc.returncode, ((out + err).strip().splitlines() or ["no output"])[-1]
+
+    def start():
+        child = ctx.Process(target=_pytest_child, args=(args, str(root), threads, str(log)), daemon=True)
+        child.start()
+        return child
+
+    child = _started(start)
+    try:
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            return None, ""
+    except BaseException:
+        child.kill()
+        child.join()
+        raise
+    finally:
+        _ended(child)
+    try:
+        tail = (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["no output"])[-1]
+    except OSError:
+        tail = "no output"
+    return child.exitcode, tail
