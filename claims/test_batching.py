@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from cheapinfer.runtime import accel, evidence, models, plots, timing
+from cheapinfer.runtime import accel, evidence, models, plots, roofline, timing
 from cheapinfer.chapter import batching, kv, knee, paged_scheduler, scheduler, workload
 from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving, threads
 from cheapinfer.harness.registry import NOISE_SIGMAS
@@ -29,7 +29,7 @@ def test_batch_1_to_16_raises_throughput_and_latency(claim, profile, served, ste
     # Decode efficiency: (weights + the batch's caches) / step time / the copy bandwidth measured in the same rounds. Reported.
     bandwidth = copy_bandwidth[profile.name]
     step_bytes = {p.batch: kv.decode_bytes(served(profile).model, p.batch, CONTEXT) for p in points}
-    efficiency = {p.batch: kv.decode_efficiency(step_bytes[p.batch], p.latency_s, bandwidth) for p in points}
+    efficiency = {p.batch: roofline.decode_efficiency(step_bytes[p.batch], p.latency_s, bandwidth) for p in points}
     claim.table(f"Decode efficiency vs batch size (copy bandwidth {bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds)",
                 ["batch", "bytes per step", "step ms", "GB/s streamed", "efficiency"],
                 [[p.batch, f"{step_bytes[p.batch]:,}", f"{p.latency_s * 1e3:.1f}", f"{step_bytes[p.batch] / p.latency_s / 1e9:.1f}", f"{efficiency[p.batch]:.2f}"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from cheapinfer.runtime import accel, models, plots, rounding, timing
+from cheapinfer.runtime import accel, models, plots, roofline, rounding, timing
 from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
@@ -397,12 +397,12 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
     step = kv.decode_step(twin.model, cache, C)
     copy, copy_bytes = accel.copy_callable(accel.COPY_BYTES, twin.device)
     read, read_bytes = accel.read_callable(accel.COPY_BYTES, twin.device)
-    weights, step_bytes = kv.parameter_bytes(twin.model), kv.decode_bytes(twin.model, 1, C)
+    weights, step_bytes = roofline.streamed_bytes(twin.model), kv.decode_bytes(twin.model, 1, C)
 
     def quantities(t):  # one set of times -> the claim's clocked quantities: bytes per second over the copy's and the read's, side by side
         achieved, bandwidth, reading = weights / t["decode"], copy_bytes / t["copy"], read_bytes / t["read"]
         return {"bandwidth_fraction": achieved / bandwidth, "over_read": achieved / reading, "achieved_gb_s": achieved / 1e9,
-                "copy_gb_s": bandwidth / 1e9, "read_gb_s": reading / 1e9, "decode_efficiency": kv.decode_efficiency(step_bytes, t["decode"], bandwidth)}
+                "copy_gb_s": bandwidth / 1e9, "read_gb_s": reading / 1e9, "decode_efficiency": roofline.decode_efficiency(step_bytes, t["decode"], bandwidth)}
 
     samples = timed({"decode": step, "copy": copy, "read": read}, rounds=7, warmup=1, quantities=quantities, forwards_of=twin.model,
                     uncounted=("copy", "read"))

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from cheapinfer.runtime import evidence, timing
+from cheapinfer.runtime import evidence, roofline, timing
 from cheapinfer.runtime.models import claim_dtype
 from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
@@ -51,7 +51,7 @@ def test_fewer_bytes_per_weight_make_a_decode_step_faster(claim, twin_factory, d
     fp32, ref = twin_factory(claim_dtype("four-byte", device)), twin_factory(half)
     low = {name: lowbit.variant(ref.model, name, random_codes=True) for name in LOW_BIT[kind]}
     models = {"fp32": fp32.model, half: ref.model, **low}
-    weight_bytes = {n: lowbit.streamed_bytes(m) for n, m in models.items()}
+    weight_bytes = {n: roofline.streamed_bytes(m) for n, m in models.items()}
     resident = {n: lowbit.resident_bytes(m) for n, m in models.items()}
 
     def speedups(t) -> dict[str, float]:  # one set of times -> the claim's clocked ratios, every path against the read, each kernel from a cache

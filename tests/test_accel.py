@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from cheapinfer.runtime import accel
+from cheapinfer.runtime import accel, roofline
 from cheapinfer.chapter import kv
 from cheapinfer.runtime.arch import qwen2_config
 
@@ -81,16 +81,22 @@ def test_describe_cpu_says_no_gpu_and_the_environment_names_the_attention_kernel
     assert device.environment(CPU)["attention_backend"].startswith("flash-cpu (float32, [1, 14, 256, 64]")
 
 
-def test_decode_bytes_are_the_weights_and_the_caches_the_step_reads():
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_bytes_are_the_weights_and_the_caches_the_step_reads(tied):
+    """Every weight once; of an untied embedding table one row (a lookup), of a tied one the whole table (the LM head)."""
     from cheapinfer.runtime import hf
 
-    config = qwen2_config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256)
+    config = qwen2_config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                          tie_word_embeddings=tied)
     model = hf.from_config(config)
     batch, context = 3, 10
     cache = kv.random_cache(model.config, context, torch.float32, CPU, batch=batch)
     weights = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())
-    assert kv.decode_bytes(model, batch, context) == weights + kv.dynamic_cache_bytes(cache)
-    assert kv.decode_efficiency(2_000, 0.5, 8_000) == 0.5  # 2,000 / 0.5 / 8,000: every quotient exact in binary
+    assert kv.parameter_bytes(model) == weights
+    read = weights if tied else weights - 255 * 64 * 4  # 255 of the 256 rows of the untied table are not read
+    assert roofline.streamed_bytes(model) == read
+    assert kv.decode_bytes(model, batch, context) == read + kv.dynamic_cache_bytes(cache)
+    assert roofline.decode_efficiency(2_000, 0.5, 8_000) == 0.5  # 2,000 / 0.5 / 8,000: every quotient exact in binary
 
 
 def test_map_untimed_keeps_the_order_and_gives_back_the_thread_count():

@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..runtime import hf, rounding
+from ..runtime import hf, roofline, rounding
 from ..runtime.arch import QWEN25_05B, Arch
 from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
 from ..runtime.timing import Marks, mark_name
@@ -291,7 +291,8 @@ def prefill(model, ids: torch.Tensor) -> Callable[[], object]:
 
 
 def parameter_bytes(model) -> int:
-    """Bytes of every distinct parameter (tied embedding counted once): what a decode step streams."""
+    """Bytes of every distinct parameter (a tied embedding counted once): what the model holds in memory. What a
+    decode step reads of them is :func:`cheapinfer.runtime.roofline.streamed_bytes` (one row of an untied embedding)."""
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() not in seen:
@@ -301,18 +302,14 @@ def parameter_bytes(model) -> int:
 
 
 def decode_bytes(model, batch: int, context: int) -> int:
-    """What one decode step must stream at least: every weight once and ``batch`` caches of ``context`` tokens.
+    """What one decode step must stream at least: the weights it reads (:func:`cheapinfer.runtime.roofline.streamed_bytes`)
+    and ``batch`` caches of ``context`` tokens.
 
     The new token's keys and values (written, one token per request) and the activations are lower order.
     """
     config, p = model.config, next(model.parameters())
     per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config_head_dim(config), p.element_size())
-    return parameter_bytes(model) + batch * context * per_token
-
-
-def decode_efficiency(step_bytes: int, step_seconds: float, copy_bytes_per_second: float) -> float:
-    """Bytes a decode step streams per second over the device's measured copy bandwidth (1.0: the step runs at the bus's speed)."""
-    return step_bytes / step_seconds / copy_bytes_per_second
+    return roofline.streamed_bytes(model) + batch * context * per_token
 
 
 def last_step_peak(generate: Callable, model, ids: torch.Tensor, new_tokens: int, device: torch.device | str) -> int:

@@ -28,7 +28,7 @@ Beside them, the libraries' own paths, each classified by what its code does:
   ``Linear8bitLt`` (LLM.int8) quantizes the activations on every call and splits outlier columns
   into a second product.
 
-:func:`streamed_bytes` counts what one decode step reads in full: every matrix product's weight in
+:func:`cheapinfer.runtime.roofline.streamed_bytes` counts what one decode step reads in full: every matrix product's weight in
 the form it is stored (codes + scales), norms and biases, and one row of the embedding table (a
 lookup reads one row; a tied LM head reads the whole table and counts it once).
 """
@@ -45,6 +45,7 @@ import torch.nn as nn
 from .. import SEED
 from . import quant
 from ..runtime.cli import TIMING_THREADS_VARIABLE
+from ..runtime.roofline import streamed_bytes, tensor_bytes
 
 INT4_GROUP = 128
 
@@ -222,42 +223,6 @@ def _bnb_linear(lin: nn.Linear, name: str, act_dtype: torch.dtype) -> nn.Module:
 # ----------------------------------------------------------------------------------------------
 # bytes one decode step streams
 # ----------------------------------------------------------------------------------------------
-
-
-def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes a tensor stores, looking inside tensor subclasses (torchao) and bitsandbytes' quantization state."""
-    if hasattr(t, "__tensor_flatten__"):  # a wrapper subclass: its inner tensors hold the bytes
-        names, _ = t.__tensor_flatten__()
-        return sum(tensor_bytes(getattr(t, n)) for n in names)
-    total = t.numel() * t.element_size()
-    state = getattr(t, "quant_state", None)  # bitsandbytes Params4bit: absmax (and its own nested state)
-    if state is not None:
-        for part in (getattr(state, "absmax", None), getattr(getattr(state, "state2", None), "absmax", None), getattr(state, "offset", None)):
-            if isinstance(part, torch.Tensor):
-                total += part.numel() * part.element_size()
-    scb = getattr(t, "SCB", None)  # bitsandbytes Int8Params: one scale per row
-    if isinstance(scb, torch.Tensor):
-        total += scb.numel() * scb.element_size()
-    return total
-
-
-def streamed_bytes(model) -> int:
-    """Bytes one decode step reads in full: every matrix product's weight as stored, norms, biases, and one embedding row."""
-    emb = model.get_input_embeddings()
-    head = model.get_output_embeddings()
-    tied = head is not None and getattr(head, "weight", None) is not None and head.weight.data_ptr() == emb.weight.data_ptr()
-    seen, total = set(), 0
-    for module in model.modules():
-        tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-        for name, t in tensors:
-            if t is None or id(t) in seen or name in ("inv_freq", "original_inv_freq"):
-                continue
-            seen.add(id(t))
-            if module is emb and not tied:
-                total += tensor_bytes(t) // emb.num_embeddings  # a lookup reads one row
-            else:
-                total += tensor_bytes(t)
-    return total
 
 
 @dataclass
