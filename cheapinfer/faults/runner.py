@@ -24,7 +24,7 @@ from .. import CHECKOUT, __version__
 from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_fault_record, read_record
-from ..runtime.cli import Terminated, terminate
+from ..runtime.cli import Terminated, finite_number, terminate
 from .child import clear_halt, halt, pytest_run
 from .core import FAULTS, Fault
 
@@ -241,20 +241,6 @@ def table(result: FaultRecord) -> list[str]:
     return markdown_table(["fault", "kind", "claim", "verdict under the fault"], rows)
 
 
-def _seconds(text: str) -> float:
-    """``--timeout``: a finite number of seconds > 0 (argparse type)."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
-    return value
-
-
 def faults_cli(argv: list[str]) -> int:
     """``python -m cheapinfer faults``; SIGTERM stops the fault runs, removes their temporary directory, exit 143."""
     import signal
@@ -270,7 +256,7 @@ def faults_cli(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=1, help="runs of each fault (default 1; a fault must be caught in every run)")
     p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
     p.add_argument("--report-dir", type=Path, default=CHECKOUT / "reports", help="where faults.json is written (default reports/)")
-    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds one fault run may take (default 600)")
+    p.add_argument("--timeout", type=finite_number("a number of seconds", positive=True), default=600.0, help="seconds one fault run may take (default 600)")
     p.add_argument("--workers", type=int, default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
     p.add_argument("--all-targets", action="store_true",
                    help="run every claim each fault names, in every run (the per-claim coverage); default: the sweep, which stops each run at the fault's first red claim")

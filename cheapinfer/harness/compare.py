@@ -30,7 +30,6 @@ read (an integer beyond the range of a float, text that is not Unicode).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from ..runtime.cli import Parser
+from ..runtime.cli import Parser, finite_number
 from .record import is_harness_error
 from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT
@@ -296,16 +295,6 @@ def annotate(changes: list[Change], after: RunRecord) -> list[Change]:
     return changes
 
 
-def _band(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (a relative band, e.g. 0.25), not {text}")
-    return value
-
-
 def compare_cli(argv: list[str]) -> int:
     p = Parser(
         prog="cheapinfer compare",
@@ -313,7 +302,7 @@ def compare_cli(argv: list[str]) -> int:
     )
     p.add_argument("before", type=Path, help="run.json, or the report directory holding it (e.g. reports)")
     p.add_argument("after", type=Path, help="run.json, or the report directory holding it (e.g. reports/latest)")
-    p.add_argument("--band", type=_band, default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
+    p.add_argument("--band", type=finite_number("a number", positive=False, hint="a relative band, e.g. 0.25"), default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
     p.add_argument("--verdicts-only", action="store_true", help="a value that moved is printed but is not a regression; only verdicts decide the exit status")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     args = p.parse_args(argv)

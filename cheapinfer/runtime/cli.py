@@ -28,6 +28,24 @@ def nonempty(text: str) -> str:
     return text
 
 
+def finite_number(what: str, positive: bool, hint: str = ""):
+    """An argparse type: a finite number ``> 0`` (``positive``) or ``>= 0``, called ``what`` in the error (``hint``:
+    what it means, said when it is out of range)."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None
+        if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+            bound = f"{'>' if positive else '>='} 0" + (f" ({hint})" if hint else "")
+            raise argparse.ArgumentTypeError(f"must be a finite {what.removeprefix('a ').removeprefix('an ')} {bound}, not {text}")
+        return value
+
+    return parse
+
+
 def timing_threads(environ: Mapping[str, str] = os.environ) -> int:
     """``CHEAPINFER_TIMING_THREADS`` (default 1); ValueError, one line naming it, unless it is an integer >= 0."""
     text = environ.get(TIMING_THREADS_VARIABLE, "1")
