@@ -257,6 +257,18 @@ def test_the_dtype_check_sees_a_claim_choosing_its_own_dtype(tmp_path):
     assert len(bad) == 3 and all(b.startswith("claims/test_x.py:") for b in bad), bad
 
 
+def test_one_function_decides_the_runs_device():
+    """``device.pick`` is called where a run starts, and nowhere else: by the plugin, which keeps its answer in the
+    config (``options.DEVICE``, what every fixture reads), and by ``verify``, which checks ``--device`` before it
+    starts pytest with it."""
+    callers = set()
+    for path in [*sorted((ROOT / "cheapinfer").rglob("*.py")), *sorted((ROOT / "claims").glob("*.py")), *sorted((ROOT / "fixtures").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "pick":
+                callers.add(path.relative_to(ROOT).as_posix())
+    assert callers == {"fixtures/options.py", "cheapinfer/__main__.py"}, callers
+
+
 @pytest.mark.parametrize("case", ["up", "cycle"])
 def test_the_layout_checks_see_a_broken_layout(tmp_path, case):
     """The checks themselves: a chapter module that imports the harness, and two modules that import each other."""
