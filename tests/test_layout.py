@@ -286,3 +286,19 @@ def test_the_layout_checks_see_a_broken_layout(tmp_path, case):
         (pkg / "harness" / "b.py").write_text("from .a import f\n")
         assert _cycles(_graph(tmp_path)) == [["cheapinfer.harness.a", "cheapinfer.harness.b"]]
 
+
+
+def test_the_tox_environments_python_lines_run_on_this_package():
+    """Every ``python -c "..."`` of tox.ini that imports the package runs here: a renamed or re-signed function breaks
+    ``tox -e oldest`` before its tests start, which no other test would see."""
+    import configparser
+    import re
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini", encoding="utf-8")
+    lines = {line.strip() for section in tox.sections() for key in ("commands", "commands_pre") for line in tox[section].get(key, "").splitlines()}
+    codes = sorted({m.group(1) for line in lines if (m := re.fullmatch(r'python -c "(.*)"', line)) and re.search(r"\b(from|import) cheapinfer\b", m.group(1))})
+    assert codes, "tox.ini runs no python -c line that imports the package (the check reads nothing)"
+    for code in codes:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert run.returncode == 0, f"tox.ini's `python -c {code[:80]}...` fails here:\n{run.stderr[-2000:]}"
