@@ -11,7 +11,7 @@ import pytest
 
 from cheapinfer.runtime import accel, evidence, models, plots, roofline, timing
 from cheapinfer.chapter import batching, kv, knee, paged_scheduler, scheduler, workload
-from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving, threads
+from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving
 from cheapinfer.harness.registry import NOISE_SIGMAS
 from fixtures.markers import on_profiles
 
@@ -67,7 +67,7 @@ def test_batch_curve_has_a_knee(claim, twin, served, step_times, curve_evidence,
         return knee.stage_bytes(config, weights, small, large, CONTEXT, dtype_bytes)
 
     def measure(small: int, large: int, extra_s: float):
-        with timing.cpu_threads(threads(device)):
+        with timing.cpu_threads(timing.device_threads(device)):
             return knee.measure_doubling(model, small, large, extra_s, CONTEXT, ROUNDS, 1, KNEE_GAIN, NOISE_SIGMAS, device)
 
     curve = step_times(twin)
@@ -217,7 +217,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     # Validation: both policies for real on the stand-in, and the simulation fed with its step costs.
     scale = length_scale(device)
     short = workload.scaled(lengths, scale)
-    with timing.cpu_threads(threads(device)):
+    with timing.cpu_threads(timing.device_threads(device)):
         v = scheduler.validate(stand_in.model, short, SLOTS)
     stand_cost = v.step_cost
 
@@ -320,7 +320,7 @@ def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, st
     """PAGE-WASTE: "reserving its maximum possible context for every slot wastes most of the reservation" — fixed-size blocks with a block table do not."""
     scale = length_scale(device)
     lengths, max_new = workload.scaled(workload.skewed_lengths(), scale), PAGE_MAX_NEW // scale
-    with timing.cpu_threads(threads(device)):
+    with timing.cpu_threads(timing.device_threads(device)):
         r = paged_scheduler.paged_waste(stand_in.model, lengths, SLOTS, PAGE_PROMPT, max_new, PAGE_BLOCK, compare=PAGE_COMPARE)
     w = r["waste"]
     kv_bytes = 2 * stand_in.config.num_hidden_layers * stand_in.config.num_key_value_heads * stand_in.config.head_dim * 4  # fp32, all layers
@@ -364,7 +364,7 @@ def test_shared_prefix_shares_its_full_blocks(claim, stand_in, device):
     prefix = tok(PAGE_SHARED_PROMPT)["input_ids"][:40]  # two full 16-token blocks and 8 tokens of a third
     assert len(prefix) == 40, f"the shared prompt has only {len(prefix)} tokens under this tokenizer"
     questions = [tok(q)["input_ids"] for q in (" What is the capital of France?", " Name three prime numbers larger than ten, please.")]
-    with timing.cpu_threads(threads(device)):
+    with timing.cpu_threads(timing.device_threads(device)):
         r = paged_scheduler.paged_prefix(stand_in.model, prefix, questions, new_tokens=8, block_size=PAGE_BLOCK)
     _note_alone(claim, r["alone"])
     claim.table(

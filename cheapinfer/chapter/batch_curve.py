@@ -27,11 +27,6 @@ CPU_LENGTH_SCALE = 16
 DRAWS = 200  # other workloads with the book's printed statistics, for the ratios' sensitivity to the lengths
 
 
-def threads(device: torch.device) -> int | None:
-    """CPU steps run on the suite's timing threads (see timing.TIMING_THREADS)."""
-    return timing.TIMING_THREADS if device.type == "cpu" else None
-
-
 def length_scale(device: torch.device) -> int:
     """What the real runs divide the workload's lengths by here: 1 on CUDA, ``CPU_LENGTH_SCALE`` elsewhere."""
     return 1 if device.type == "cuda" else CPU_LENGTH_SCALE

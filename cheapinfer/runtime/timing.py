@@ -47,6 +47,11 @@ except ValueError:
     TIMING_THREADS = 1
 
 
+def device_threads(device: torch.device | str) -> int | None:
+    """The torch threads a timed block runs with on ``device``: ``TIMING_THREADS`` on a CPU, None (the setting left alone) elsewhere."""
+    return TIMING_THREADS if torch.device(device).type == "cpu" else None
+
+
 @contextlib.contextmanager
 def cpu_threads(n: int | None = TIMING_THREADS):
     """Run the block with ``n`` torch intra-op threads (``None`` or 0: leave the setting alone)."""
@@ -115,7 +120,7 @@ def interleaved(
     mark (:func:`mark_name`) beside its whole call's.
     """
     names = list(variants)
-    threads = TIMING_THREADS if torch.device(device).type == "cpu" else None
+    threads = device_threads(device)
     out = {name: Samples(name, []) for name in names}
     with torch.inference_mode(), cpu_threads(threads):
         for _ in range(warmup):
