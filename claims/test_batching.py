@@ -297,6 +297,8 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         real_static_s=v.real["static_s"],
         real_continuous_s=v.real["continuous_s"],
         prediction_error=v.throughput_error,
+        fresh_row_change_vs_no_context=v.evidence["continuous"]["fresh_row_change_vs_no_context"],
+        fresh_rows_traced=v.evidence["continuous"]["fresh_rows_traced"],
     )
 
 

@@ -110,6 +110,30 @@ def test_the_trace_notices_a_step_that_did_not_use_its_cache(how, monkeypatch):
         assert bad["forwards_without_cache"] == 0 and not bad["cache_grows_by_fed"]
 
 
+
+@pytest.mark.parametrize("reset", [True, False], ids=["mask reset", "mask kept"])
+def test_the_trace_sees_a_request_admitted_beside_other_histories(reset):
+    """A row admitted into a freed slot of a batch (position 0, the cache holding the other rows' histories) computes its
+    token alone; with its mask left over from the previous occupant (the catalogue's fault) it reads that request's cache columns."""
+    import contextlib
+
+    from cheapinfer.chapter import scheduler
+    from cheapinfer.faults import catalogue, core  # noqa: F401  (importing the catalogue registers its faults)
+    from cheapinfer.runtime import evidence
+
+    model = _tiny()
+    batch = scheduler.SlotBatch(model)
+    for r in range(3):
+        batch.admit(r, 6, 5 + r)
+    for _ in range(3):
+        batch.step()
+    with contextlib.nullcontext() if reset else core.FAULTS["scheduler-reused-row-keeps-mask"].activate():
+        batch.admit(3, 6, 11, row=1)
+    found = evidence.traced(model, batch.step)[1]
+    assert found["fresh_rows_traced"] == 1 and found["logit_change_vs_no_context"] > 0.01
+    assert (found["fresh_row_change_vs_no_context"] < 1e-5) if reset else (found["fresh_row_change_vs_no_context"] > 0.01)
+
+
 def test_meta_model_runs_a_forward_on_the_meta_device():
     """Shapes without memory or arithmetic, on every supported transformers (4.x computes RoPE under autocast, which has no meta device)."""
     from transformers import Qwen2Config

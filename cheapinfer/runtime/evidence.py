@@ -19,6 +19,14 @@ what the trace saw into measured conditions for the claim's verdict:
   layer's attention output (O(1)). Rows with no history of their own (a request admitted this
   step) compute "alone" legitimately, hence the largest over rows.
 
+- ``fresh_row_change_vs_no_context``: the other side of the same comparison, for a batch that admits a
+  request beside other requests' histories (a scheduler refilling a freed row): over the traced forwards'
+  fresh rows (fed one token at position 0 while the cache holds other rows' histories), the largest
+  relative change against a cache-less forward of the row's token alone. A fresh row may attend only
+  to its own token, so it computes exactly that forward, up to rounding; a row that still sees a
+  previous occupant's cache columns (its mask not reset) changes O(1). NaN where no fresh row was
+  traced. ``fresh_rows_traced`` counts the rows behind it.
+
 ``logit_change_vs_no_context`` is checked against 0.01 in the registry: above the rounding of two
 half-precision forwards of the same tokens (~4e-3 relative), far below an O(1) change.
 """
@@ -53,8 +61,12 @@ def cache_use(model, forwards: list[dict]) -> dict[str, object]:
     """The measured conditions of cache use (module doc) from the records of a :class:`ForwardTrace`."""
     handed = [r for r in forwards if r.get("handed_cache")]
     with_history = [r for r in handed if r["cache_in"] > 0]
-    changes = [float(relative_change(r["logits"], alone_logits(model, r["ids"])).max()) for r in with_history if "logits" in r]
+    kept = [(r, relative_change(r["logits"], alone_logits(model, r["ids"]))) for r in with_history if "logits" in r]
+    changes = [float(c.max()) for r, c in kept]
+    fresh = [float(c[i]) for r, c in kept for i in r.get("fresh_rows", ())]
     return {
+        "fresh_rows_traced": len(fresh),
+        "fresh_row_change_vs_no_context": max(fresh) if fresh else math.nan,
         "forwards_traced": len(forwards),
         "forwards_without_cache": len(forwards) - len(handed),
         "forwards_with_history": len(with_history),

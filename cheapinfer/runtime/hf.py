@@ -253,6 +253,9 @@ class ForwardTrace:
     forward began: a loop that interleaves several, such as two scheduling policies, names the one
     running) and, for the first ``keep_logits`` forwards of each label that were handed a non-empty
     cache, the last position's logits (fp32, on the CPU, ``[B, V]``) and the ids fed (``[B, T]``).
+    ``fresh_rows``: the rows of a forward handed a non-empty cache that are fed one token at position 0
+    (``position_ids``; a request admitted into a batch that holds other requests' histories); the
+    logits and ids of the first ``keep_logits`` such forwards of each label are kept too.
     Only the forwards of the thread that opened the trace are recorded: a model shared with other
     threads (a target that several drafts' loops run on at once) is traced once per loop.
     """
@@ -276,10 +279,15 @@ class ForwardTrace:
         handed = call_cache(args, kwargs)
         rec = {"tokens_in": int(ids.shape[-1]), "handed_cache": handed is not None, "cache_in": cache_length(handed), "label": self.label}
         if rec["cache_in"] > 0:
+            positions = kwargs.get("position_ids")
+            if positions is not None and rec["tokens_in"] == 1:
+                rec["fresh_rows"] = [int(i) for i in torch.nonzero(positions[:, 0] == 0).flatten()]
             with self._lock:
-                keep = self._kept.get(self.label, 0) < self.keep_logits
+                # The first forwards of each label, and the first that admit a request beside other histories.
+                kind = (self.label, "fresh") if rec.get("fresh_rows") else self.label
+                keep = self._kept.get(kind, 0) < self.keep_logits
                 if keep:
-                    self._kept[self.label] = self._kept.get(self.label, 0) + 1
+                    self._kept[kind] = self._kept.get(kind, 0) + 1
             if keep:
                 rec["ids"] = ids.detach().clone()
         self._local.pending = rec

@@ -161,6 +161,27 @@ def _static_refills_slots():
 
 
 @fault(
+    "scheduler-reused-row-keeps-mask",
+    section="BAT",
+    kind=RULE,
+    targets=("BAT-STATIC-CONT",),
+    what="the slot scheduler admits a request into a freed row without resetting that row's attention mask, so the new request reads the previous occupant's cache columns: the same schedule, steps and cache use, another request's context",
+)
+def _reused_row_keeps_mask():
+    real = scheduler.SlotBatch.admit
+
+    def admit(self, request, length, prompt_token, row=None):
+        if row is None:
+            return real(self, request, length, prompt_token, row)
+        kept = self.mask[row].clone()
+        real(self, request, length, prompt_token, row)
+        self.mask[row] = kept
+
+    with patched(scheduler.SlotBatch, "admit", admit):
+        yield
+
+
+@fault(
     "paging-block-handed-out-twice",
     section="BAT",
     kind=RULE,
