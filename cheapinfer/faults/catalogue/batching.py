@@ -182,6 +182,23 @@ def _reused_row_keeps_mask():
 
 
 @fault(
+    "continuous-waits-for-its-batch",
+    section="BAT",
+    kind=DISABLED,
+    targets=("BAT-STATIC-CONT",),
+    what="the real continuous scheduler holds a freed slot until its whole batch is done, as the static one does (a refill that never fires): the real run no longer measures continuous batching, while the simulation still does",
+)
+def _continuous_waits():
+    real = scheduler.policy_steps
+
+    def steps(model, policy, *args, **kwargs):
+        return real(model, "static", *args, **kwargs)
+
+    with patched(scheduler, "policy_steps", steps):
+        yield
+
+
+@fault(
     "paging-block-handed-out-twice",
     section="BAT",
     kind=RULE,
