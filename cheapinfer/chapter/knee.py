@@ -14,11 +14,14 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 
 from . import batching
+
+if TYPE_CHECKING:
+    from ..runtime import timing
 
 # ----------------------------------------------------------------------------------------------
 # the knee: where a doubling of the batch stops paying, decided over the rounds' noise

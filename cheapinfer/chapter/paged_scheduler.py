@@ -204,8 +204,6 @@ def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
     compared with the same request run alone, up to a near-tie of the two paths' rounding
     (:func:`cheapinfer.runtime.rounding.compare_greedy`).
     """
-    from ..runtime.rounding import GreedyJudge
-
     prompts = [list(prefix) + list(s) for s in suffixes]
     lengths = [new_tokens] * len(prompts)
     size = sum(math.ceil((len(p) + new_tokens) / block_size) for p in prompts)

@@ -316,7 +316,6 @@ def verify_callables(model, context: int, widths: Sequence[int], seed: int) -> d
     """
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    device = next(model.parameters()).device
     cache = _new_cache(model)
     with torch.no_grad():
         _forward(model, torch.randint(vocab, (context,), generator=g).tolist(), cache, 1)
