@@ -62,7 +62,7 @@ def cache_use(model, forwards: list[dict]) -> dict[str, object]:
     handed = [r for r in forwards if r.get("handed_cache")]
     with_history = [r for r in handed if r["cache_in"] > 0]
     kept = [(r, relative_change(r["logits"], alone_logits(model, r["ids"]))) for r in with_history if "logits" in r]
-    changes = [float(c.max()) for r, c in kept]
+    changes = [float(c.max()) for _, c in kept]
     fresh = [float(c[i]) for r, c in kept for i in r.get("fresh_rows", ())]
     return {
         "fresh_rows_traced": len(fresh),

@@ -255,7 +255,8 @@ class ForwardTrace:
     cache, the last position's logits (fp32, on the CPU, ``[B, V]``) and the ids fed (``[B, T]``).
     ``fresh_rows``: the rows of a forward handed a non-empty cache that are fed one token at position 0
     (``position_ids``; a request admitted into a batch that holds other requests' histories); the
-    logits and ids of the first ``keep_logits`` such forwards of each label are kept too.
+    logits and ids of the first ``keep_logits`` such forwards of each label are kept too (and no more are
+    looked for after them).
     Only the forwards of the thread that opened the trace are recorded: a model shared with other
     threads (a target that several drafts' loops run on at once) is traced once per loop.
     """
@@ -280,7 +281,8 @@ class ForwardTrace:
         rec = {"tokens_in": int(ids.shape[-1]), "handed_cache": handed is not None, "cache_in": cache_length(handed), "label": self.label}
         if rec["cache_in"] > 0:
             positions = kwargs.get("position_ids")
-            if positions is not None and rec["tokens_in"] == 1:
+            # Looked for only until enough are kept: reading the positions waits for the device, inside a timed step.
+            if positions is not None and rec["tokens_in"] == 1 and self._kept.get((self.label, "fresh"), 0) < self.keep_logits:
                 rec["fresh_rows"] = [int(i) for i in torch.nonzero(positions[:, 0] == 0).flatten()]
             with self._lock:
                 # The first forwards of each label, and the first that admit a request beside other histories.
