@@ -63,4 +63,14 @@ def test_budget_tables_regenerate_the_quoted_cells(claim):
         tokens_16gb_13b_8bit=cell[16.0, "13B", 8.0].tokens,
         extra_weights_16gb_8bit_gib=cell[16.0, "13B", 8.0].weights_gib - cell[16.0, "7B", 8.0].weights_gib,
         reserve_window_gib=[max(lo for lo, _ in windows.values()), min(hi for _, hi in windows.values())],
+        cells_not_the_most_that_fit=[f"{m:g} GB, {b.model}, {b.bits:g} bits: {b.tokens:,}" for m, rows in tables.items() for b in rows if not _most_that_fit(b)],
     )
+
+
+def _most_that_fit(b: budget.Budget) -> bool:
+    """Whether a cell's token count is the most whose cache fits beside its weights and reserve, recomputed from the
+    cell's own bytes: ``tokens`` caches fit and one more does not (0 where the weights and reserve alone overflow)."""
+    free = b.memory_gib * budget.GIB - b.reserve_bytes - b.weights_bytes
+    if free < 0:
+        return b.tokens == 0 and not b.fits
+    return b.fits and b.tokens * b.kv_bytes_per_token <= free < (b.tokens + 1) * b.kv_bytes_per_token

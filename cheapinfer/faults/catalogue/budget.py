@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...chapter import budget
-from ..core import CONSTANT, fault, patched
+from ..core import CONSTANT, RULE, fault, patched
 
 
 # ------------------------------------------------------------------------------------------------
@@ -68,4 +68,23 @@ def _budget_13b_gqa():
 )
 def _budget_decimal_gb():
     with patched(budget, "GIB", 10**9):
+        yield
+
+
+@fault(
+    "budget-tokens-rounded-to-nearest",
+    section="BUD",
+    kind=RULE,
+    targets=("BUD-TABLES",),
+    what="the calculator rounds free bytes / cache bytes per token to the nearest token instead of down, so some cells promise a token whose cache does not fit",
+)
+def _budget_tokens_rounded():
+    real = budget.budget
+
+    def rounded(model: str, bits: float, memory_gib: float, reserve_gib: float = budget.RESERVE_GIB) -> budget.Budget:
+        b = real(model, bits, memory_gib, reserve_gib)
+        free = memory_gib * budget.GIB - reserve_gib * budget.GIB - b.weights_bytes
+        return dataclasses.replace(b, tokens=max(0, round(free / b.kv_bytes_per_token)))
+
+    with patched(budget, "budget", rounded):
         yield
