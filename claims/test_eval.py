@@ -207,7 +207,9 @@ def test_agreement_orders_schemes_like_perplexity(claim, profile, evaluation_tab
         reference_self_agreement=table["reference"].agreement,
         discordant_pairs=evaluation.discordant_pairs(table, schemes, min_ppl_gap=0.05),
         kendall_tau=evaluation.kendall_tau(table, schemes),
+        levels_agreement_minus_battery=len({table[s].agree for s in schemes}) - len({table[s].battery.score for s in schemes}),
         agreement={s: table[s].agree for s in schemes},
+        battery={s: table[s].battery.score for s in schemes},
         positions=table["reference"].positions,
     )
 

@@ -68,6 +68,28 @@ def _eval_agreement_free_running():
 
 
 @fault(
+    "eval-agreement-scores-the-reference",
+    section="EVAL",
+    kind=RULE,
+    targets=("EVAL-AGREEMENT",),
+    what="every row's agreement pass runs the table's reference model instead of the row's quantized one (a variable captured from the enclosing scope), so every scheme agrees at every position",
+)
+def _eval_agreement_scores_the_reference():
+    real_init, real_agreement = evaluation.Table.__init__, evaluation.agreement_by_position
+    reference: dict[str, object] = {}
+
+    def init(self, model, *args, **kwargs):
+        reference["model"] = model
+        real_init(self, model, *args, **kwargs)
+
+    def on_the_reference(model, continuations):
+        return real_agreement(reference.get("model", model), continuations)
+
+    with patched(evaluation.Table, "__init__", init), patched(evaluation, "agreement_by_position", on_the_reference):
+        yield
+
+
+@fault(
     "eval-mcnemar-counts-ties",
     section="EVAL",
     kind=STATISTIC,
