@@ -33,6 +33,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 #: tens of MB, an H100's or H200's 50-60 MB of L2), so the copy streams from and to memory.
 COPY_BYTES = 512 * 2**20
 
+#: A bandwidth probe streams at least this many times the last-level cache it runs beside, so that no more than a
+#: quarter of it can be served from that cache, whatever the replacement policy (:func:`stream_bytes`).
+PROBE_OVER_CACHE = 4
+
+#: The last-level cache assumed where the operating system does not report one (:func:`last_level_cache`): above one
+#: core complex's L3 on current CPUs (32-96 MiB) and a GPU's L2 (50-60 MiB on an H100 or H200), so that the default
+#: probe, :data:`COPY_BYTES`, is still four times it.
+ASSUMED_CACHE_BYTES = 128 * 2**20
+
 
 def _cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
@@ -163,6 +172,40 @@ def available_memory(device: torch.device | str) -> int:
 # ------------------------------------------------------------------------------------------------
 # bandwidth
 # ------------------------------------------------------------------------------------------------
+
+
+def last_level_cache(device: torch.device | str = "cpu") -> tuple[int, bool]:
+    """The bytes of the largest cache a probe on ``device`` passes through, and whether the system reported it: a GPU's
+    L2; a CPU's highest-level data or unified cache of cpu0 as Linux's sysfs lists it. Elsewhere
+    :data:`ASSUMED_CACHE_BYTES`, with ``False``."""
+    if _cuda(device):
+        return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size), True
+    import glob
+    import re
+
+    best: tuple[int, int] | None = None  # (level, bytes)
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index[0-9]*"):
+        try:
+            with open(f"{index}/level") as f:
+                level = int(f.read())
+            with open(f"{index}/type") as f:
+                kind = f.read().strip()
+            with open(f"{index}/size") as f:
+                m = re.fullmatch(r"(\d+)([KMG]?)", f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if m is None or kind == "Instruction":
+            continue
+        size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+        if best is None or (level, size) > best:
+            best = (level, size)
+    return (best[1], True) if best else (ASSUMED_CACHE_BYTES, False)
+
+
+def stream_bytes(device: torch.device | str = "cpu") -> int:
+    """Bytes of a bandwidth probe on ``device``: :data:`COPY_BYTES`, or :data:`PROBE_OVER_CACHE` times the last-level
+    cache where that is more (a CPU with hundreds of MiB of L3)."""
+    return max(COPY_BYTES, PROBE_OVER_CACHE * last_level_cache(device)[0])
 
 
 def copy_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:

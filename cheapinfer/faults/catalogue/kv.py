@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...chapter import asides, kv, kv_macs
-from ...runtime import hf
+from ...runtime import accel, hf
 from ..core import CONSTANT, DISABLED, RULE, fault, patched
 from .common import replaying_steps
 
@@ -191,6 +191,19 @@ def _kv_measured_bytes_keys_only():
         return [pair[0] for pair in cache]
 
     with patched(kv, "dynamic_cache_tensors", keys_only):
+        yield
+
+
+@fault(
+    "bandwidth-probe-sized-in-kib",
+    section="KV",
+    kind=CONSTANT,
+    targets=("KV-DECODE-MEMBOUND",),
+    what="the memory-bandwidth probes are sized in KiB where bytes were meant (512 KiB instead of 512 MiB), so the copy and the read stay in a cache and measure it, not memory",
+)
+def _bandwidth_probe_sized_in_kib():
+    real = accel.stream_bytes
+    with patched(accel, "stream_bytes", lambda device="cpu": real(device) // 1024):
         yield
 
 
