@@ -108,3 +108,41 @@ def test_map_untimed_keeps_the_order_and_gives_back_the_thread_count():
     seen = []
     out = map_untimed(lambda x: (seen.append(torch.get_num_threads()), x * x)[1], list(range(6)), "cpu", workers=2)
     assert out == [x * x for x in range(6)] and set(seen) == {1} and torch.get_num_threads() == before
+
+
+def _sysfs(tmp_path, caches):
+    """A fake ``/sys/devices/system/cpu/cpu0/cache`` with ``(level, type, size)`` entries."""
+    for i, (level, kind, size) in enumerate(caches):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    return str(tmp_path / "index[0-9]*")
+
+
+def test_the_last_level_cache_is_the_highest_data_or_unified_level(tmp_path, monkeypatch):
+    import glob
+
+    pattern = _sysfs(tmp_path, [(1, "Data", "32K"), (1, "Instruction", "64K"), (2, "Unified", "1024K"), (3, "Unified", "32768K")])
+    real = glob.glob
+    monkeypatch.setattr(glob, "glob", lambda p: real(pattern))
+    assert accel.last_level_cache(CPU) == (32 * 2**20, True)
+    assert accel.stream_bytes(CPU) == accel.COPY_BYTES  # 512 MiB is 16x a 32 MiB L3
+
+
+def test_a_large_cache_gets_a_probe_four_times_its_size(tmp_path, monkeypatch):
+    import glob
+
+    pattern = _sysfs(tmp_path, [(1, "Data", "48K"), (3, "Unified", "504M")])
+    real = glob.glob
+    monkeypatch.setattr(glob, "glob", lambda p: real(pattern))
+    assert accel.stream_bytes(CPU) == accel.PROBE_OVER_CACHE * 504 * 2**20
+
+
+def test_an_unreported_cache_is_assumed_and_says_so(monkeypatch):
+    import glob
+
+    monkeypatch.setattr(glob, "glob", lambda p: [])
+    assert accel.last_level_cache(CPU) == (accel.ASSUMED_CACHE_BYTES, False)
+    assert accel.stream_bytes(CPU) >= accel.PROBE_OVER_CACHE * accel.ASSUMED_CACHE_BYTES
