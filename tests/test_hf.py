@@ -111,6 +111,22 @@ def test_the_trace_notices_a_step_that_did_not_use_its_cache(how, monkeypatch):
 
 
 
+def test_the_trace_reports_the_history_each_step_held_and_combines_the_range():
+    """``history_tokens``: the fewest and most tokens of history the traced forwards held, so a claim can assert its context."""
+    from cheapinfer.runtime import evidence
+
+    model = _tiny()
+    ids = torch.randint(0, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    cache = hf.new_cache(model.config)
+    with torch.inference_mode():
+        first = evidence.traced(model, lambda: hf.forward(model, ids[:, :4], cache=cache, use_cache=True))[1]
+        at_4 = evidence.traced(model, lambda: hf.forward(model, ids[:, 4:5], cache=cache, use_cache=True))[1]
+        at_5_and_6 = evidence.traced(model, lambda: [hf.forward(model, ids[:, k:k + 1], cache=cache, use_cache=True) for k in (5, 6)])[1]
+    assert first["history_tokens"] == [] and at_4["history_tokens"] == [4, 4] and at_5_and_6["history_tokens"] == [5, 6]
+    assert evidence.combine(first, at_4, at_5_and_6)["history_tokens"] == [4, 6]
+    assert evidence.conditions(at_4)["history_tokens"] == [4, 4]
+
+
 @pytest.mark.parametrize("reset", [True, False], ids=["mask reset", "mask kept"])
 def test_the_trace_sees_a_request_admitted_beside_other_histories(reset):
     """A row admitted into a freed slot of a batch (position 0, the cache holding the other rows' histories) computes its

@@ -27,6 +27,12 @@ what the trace saw into measured conditions for the claim's verdict:
   previous occupant's cache columns (its mask not reset) changes O(1). NaN where no fresh row was
   traced. ``fresh_rows_traced`` counts the rows behind it.
 
+- ``history_tokens``: ``[fewest, most]`` tokens of history held by the traced forwards that were handed a
+  non-empty cache (``[]`` where none was). A claim that names its context (a 64-token cache per request, a
+  verification pass after 128 tokens) asserts both ends equal it: a cache built shorter than asked, or a
+  repeatable step that forgets to crop what it fed, still grows by the positions fed and still attends, but to
+  another history than the claim's.
+
 ``logit_change_vs_no_context`` is checked against 0.01 in the registry: above the rounding of two
 half-precision forwards of the same tokens (~4e-3 relative), far below an O(1) change.
 """
@@ -44,6 +50,8 @@ from .hf import ForwardTrace
 #: The conditions every claim built on a cached loop asserts (names of measured values), and the counts behind them.
 CONDITIONS = ("cache_grows_by_fed", "logit_change_vs_no_context")
 COUNTS = ("forwards_traced", "forwards_without_cache", "forwards_with_history")
+#: The range of history the traced forwards held (module doc), handed to the verdict beside the conditions.
+HISTORY = "history_tokens"
 
 
 def alone_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -73,6 +81,7 @@ def cache_use(model, forwards: list[dict]) -> dict[str, object]:
         "cache_grows_by_fed": bool(forwards) and len(handed) == len(forwards) and bool(with_history)
         and all(r["cache_out"] == r["cache_in"] + r["tokens_in"] for r in handed),
         "logit_change_vs_no_context": min(changes) if changes else math.nan,
+        HISTORY: [min(r["cache_in"] for r in with_history), max(r["cache_in"] for r in with_history)] if with_history else [],
     }
 
 
@@ -95,7 +104,14 @@ def combine(*evidence: Mapping[str, object]) -> dict[str, object]:
         **{k: sum(e[k] for e in evidence) for k in COUNTS},
         "cache_grows_by_fed": bool(evidence) and all(e["cache_grows_by_fed"] for e in evidence),
         "logit_change_vs_no_context": math.nan if not changes or any(math.isnan(c) for c in changes) else min(changes),
+        HISTORY: _span(e.get(HISTORY, []) for e in evidence),
     }
+
+
+def _span(ranges: Iterable[list[int]]) -> list[int]:
+    """``[fewest, most]`` over several ``[fewest, most]`` ranges (empty ones left out); ``[]`` where all are empty."""
+    held = [r for r in ranges if r]
+    return [min(r[0] for r in held), max(r[1] for r in held)] if held else []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -162,7 +178,7 @@ def describe_timed(samples: Mapping[str, object], what: str) -> str:
 
 def conditions(evidence: Mapping[str, object]) -> dict[str, object]:
     """The measured values a claim hands to its verdict (:data:`CONDITIONS`) and the counts behind them."""
-    return {k: evidence[k] for k in (*CONDITIONS, *COUNTS)}
+    return {**{k: evidence[k] for k in (*CONDITIONS, *COUNTS)}, **({HISTORY: evidence[HISTORY]} if HISTORY in evidence else {})}
 
 
 def describe(evidence: dict[str, object]) -> str:
