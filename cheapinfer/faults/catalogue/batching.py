@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...chapter import batching, paging, knee, paged_scheduler, scheduler, workload
-from ..core import DISABLED, RULE, STATISTIC, fault, patched
+from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import misspelled_while, replaying_steps
 
 
@@ -60,6 +60,23 @@ def _scheduler_cache_dropped():
 def _paged_scheduler_cache_dropped():
     with patched(paged_scheduler.PagedSlotBatch, "step", misspelled_while(batching, paged_scheduler.PagedSlotBatch.step)), \
             patched(paged_scheduler.PagedSlotBatch, "admit", misspelled_while(batching, paged_scheduler.PagedSlotBatch.admit)):
+        yield
+
+
+@fault(
+    "batch-cache-capped-at-16",
+    section="BAT",
+    kind=CONSTANT,
+    targets=("BAT-1-TO-16",),
+    what="the batch curve's synthetic caches stop at 16 tokens (a default window that overrides the 64 asked for): every step still grows its cache and attends, to a quarter of the history the claim names",
+)
+def _batch_cache_capped_at_16():
+    real = batching.random_cache
+
+    def capped(config, context, dtype, device, seed=0, batch=1):
+        return real(config, min(context, 16), dtype, device, seed, batch)
+
+    with patched(batching, "random_cache", capped):
         yield
 
 
