@@ -191,6 +191,18 @@ def _spec_draft_cost_per_pass():
 
 
 @fault(
+    "spec-verify-pass-keeps-what-it-fed",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-VERIFY-COST",),
+    what="the repeatable verification pass forgets to crop its cache back after scoring, so every call scores its positions after a longer history than the context it names",
+)
+def _spec_verify_pass_keeps_what_it_fed():
+    with patched(speculative, "_crop_to", lambda cache, tokens: None):
+        yield
+
+
+@fault(
     "spec-verify-one-position-at-a-time",
     section="SPEC",
     kind=DISABLED,
