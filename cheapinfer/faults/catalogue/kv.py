@@ -118,6 +118,21 @@ def _kv_cached_generation_recomputes():
 
 
 @fault(
+    "kv-forward-keeps-last-logits-only",
+    section="KV",
+    kind=DISABLED,
+    targets=("KV-MEMORY-8.3X",),
+    what="a transformers release makes a plain forward keep only the last position's logits (logits_to_keep=1 by default), so the uncached baseline no longer holds the logit row of every position the chapter's naive loop computes",
+)
+def _kv_forward_keeps_last_logits_only():
+    def last_only(model, seq):
+        return model(seq, use_cache=False, logits_to_keep=1).logits[:, -1:].argmax(-1)
+
+    with patched(kv, "uncached_next", last_only):
+        yield
+
+
+@fault(
     "kv-uncached-reuses-cache",
     section="KV",
     kind=DISABLED,
