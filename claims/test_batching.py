@@ -342,9 +342,15 @@ def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, st
     )
     claim.note(f"the run, traced: {evidence.describe(r['evidence'])}")
     _note_alone(claim, r["alone"])
+    unequal = {i: c.describe() for i, c in enumerate(r["forced"]) if not c.equal}
+    claim.note(f"Every request's tokens against the model's own choice after each prefix of them (one cache-less forward per request, "
+               f"teacher-forced): {len(r['forced']) - len(unequal)} of {len(r['forced'])} equal at every position"
+               + ("" if not unequal else "; " + "; ".join(f"request {i}: {d}" for i, d in unequal.items())))
     claim.verify(
         "stand-in",
         **evidence.conditions(r["evidence"]),
+        tokens_the_models_own=r["tokens_the_models_own"],
+        requests_teacher_forced=len(r["forced"]),
         unused_fraction_max_context=w.unused_fraction_max_context,
         unused_fraction_longest=w.unused_fraction_longest,
         unused_fraction_paged=w.unused_fraction_paged,

@@ -95,3 +95,21 @@ def test_rows_of_different_lengths_refuse_a_multi_token_forward():
     pool.append("a", torch.zeros(1, 3, 8), torch.zeros(1, 3, 8))
     with pytest.raises(ValueError, match="one token per forward"):
         cache.update(torch.zeros(2, 1, 2, 8), torch.zeros(2, 1, 2, 8), 0)
+
+
+def test_teacher_forcing_finds_the_one_token_a_batch_got_wrong():
+    """Every request's tokens against the model's own choice after each prefix: equal for the model's own greedy
+    tokens; a token the model would not choose, far from a near-tie, is a difference at its position."""
+    from cheapinfer.chapter import kv_macs, paged_scheduler
+
+    torch.manual_seed(0)
+    model = kv_macs.tiny_model(kv_macs.tiny_arch()).eval()
+    prompts = [[5, 9, 13], [7, 2, 40, 41, 3]]
+    own = [paged_scheduler.tokens_alone(model, p, 6) for p in prompts]
+    judge = rounding.GreedyJudge(model)
+    assert all(c.equal for c in paged_scheduler.teacher_forced(model, prompts, own, judge, rows_per_pass=1))
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompts[1] + own[1][:3]])).logits[0, -1]
+    wrong = [own[0], own[1][:3] + [int(logits.argmin())] + own[1][4:]]  # the least likely token at position 3
+    found = paged_scheduler.teacher_forced(model, prompts, wrong, judge)
+    assert found[0].equal and not found[1].agree and found[1].position == 3

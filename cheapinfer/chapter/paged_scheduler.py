@@ -155,6 +155,34 @@ def tokens_alone(model, prompt: Sequence[int], new_tokens: int) -> list[int]:
     return greedy_cached(model, ids, new_tokens)[0].tolist()
 
 
+def teacher_forced(model, prompts: Sequence[Sequence[int]], generated: Sequence[Sequence[int]], judge, rows_per_pass: int = 8) -> list:
+    """Each request's generated tokens against the model's own choice after each prefix of them: one cache-less forward
+    over its prompt and tokens (rows batched, right-padded, which a causal model never looks at), the argmax at every
+    generated position. Where the first one differs, ``judge`` (:class:`cheapinfer.runtime.rounding.GreedyJudge`) weighs
+    the two tokens' float64 logit gap on that common prefix against the bound of the paths' rounding: a near-tie, or a
+    real difference. Every request is checked, not a sample: a gather of the wrong block corrupts only the steps whose
+    block table it misreads. One :class:`cheapinfer.runtime.rounding.GreedyComparison` per request."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(generated[i]))  # similar lengths share a pass
+    out: dict[int, object] = {}
+    for start in range(0, len(order), rows_per_pass):
+        chunk = [i for i in order[start:start + rows_per_pass] if generated[i]]
+        if not chunk:
+            continue
+        rows = [list(prompts[i]) + list(generated[i])[:-1] for i in chunk]
+        ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = torch.tensor(r)
+        with torch.inference_mode():
+            choice = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [rows, L]
+        for j, i in enumerate(chunk):
+            p, g = len(prompts[i]), list(generated[i])
+            own = choice[j, p - 1 : p - 1 + len(g)].tolist()  # the model's token after each prefix of the request's own
+            t = next((k for k, (a, b) in enumerate(zip(own, g)) if a != b), None)
+            out[i] = judge(prompts[i], g if t is None else g[:t] + [own[t]], g)
+    return [out.get(i) or judge(prompts[i], [], []) for i in range(len(prompts))]
+
+
 def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, max_new_tokens: int, block_size: int = 16, compare: Sequence[int] = (), seed: int = SEED) -> dict[str, object]:
     """Continuous batching of ``lengths`` on the paged cache; the reservation waste read from its block tables.
 
@@ -178,6 +206,7 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
 
     judge = GreedyJudge(model)
     alone = {r: judge(prompts[r], tokens_alone(model, prompts[r], lengths[r]), run.batch.generated[r]) for r in compare}
+    forced = teacher_forced(model, prompts, [run.batch.generated[r] for r in range(len(lengths))], judge)
 
     return {
         "waste": run_waste(snaps, reserved, block_size),
@@ -191,6 +220,8 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
         "tokens_equal_alone": all(c.agree for c in alone.values()),
         "alone": alone,
         "compared": list(compare),
+        "tokens_the_models_own": all(c.agree for c in forced),
+        "forced": forced,
         "evidence": evidence,
     }
 
