@@ -81,6 +81,29 @@ def _batch_cache_capped_at_16():
 
 
 @fault(
+    "paging-gather-in-physical-order",
+    section="BAT",
+    kind=RULE,
+    targets=("PAGE-WASTE",),
+    what="the batch gather reads each sequence's blocks in physical order (sorted block ids) instead of its table's order: right wherever the allocator happened to hand out ascending blocks, wrong once freed blocks come back in another order",
+)
+def _paging_gather_in_physical_order():
+    real = paging.PagedKVCache.gather_batch
+
+    def gather_batch(self, seqs, layer):
+        tables = {s: self.tables[s] for s in seqs}
+        try:
+            for s in seqs:
+                self.tables[s] = sorted(tables[s])
+            return real(self, seqs, layer)
+        finally:
+            self.tables.update(tables)
+
+    with patched(paging.PagedKVCache, "gather_batch", gather_batch):
+        yield
+
+
+@fault(
     "batch-decoded-serially",
     section="BAT",
     kind=DISABLED,
