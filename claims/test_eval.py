@@ -7,7 +7,6 @@ is built once per profile by the ``evaluation_table`` fixture; each claim below 
 import math
 
 import pytest
-import torch
 
 from cheapinfer.chapter import evaluation, independence, battery, perplexity
 from cheapinfer.harness import registry
@@ -218,15 +217,9 @@ def _self_disagreements(model, continuations) -> list[str]:
     """The reference's own guesses, teacher-forced on its greedy tokens (the agreement column's pass and alignment),
     where they differ from those tokens, each judged against the first-order bound of its rounding
     (:func:`cheapinfer.runtime.rounding.compare_greedy`); judging stops at the first that is not a near-tie."""
-    rows = [c.prompt + c.tokens for c in continuations]
-    ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)  # right padding, as the agreement pass
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-    with torch.inference_mode():
-        pred = model(input_ids=ids.to(next(model.parameters()).device), use_cache=False).logits.argmax(-1).cpu()  # [B, L]
     judge, judged = rounding.GreedyJudge(model), []
-    for i, c in enumerate(continuations):
-        guesses = evaluation.aligned_guesses(pred[i], c).tolist()
+    for i, (c, guessed) in enumerate(zip(continuations, evaluation.teacher_forced_guesses(model, continuations))):
+        guesses = guessed.tolist()
         for t in (t for t, (g, want) in enumerate(zip(guesses, c.tokens)) if g != want):
             same = judge(c.prompt + c.tokens[:t], [c.tokens[t]], [guesses[t]])
             judged.append(f"prompt {i}, token {t}: {same.describe().replace(' at token 0', '')}")

@@ -103,17 +103,33 @@ def aligned_guesses(pred_row: torch.Tensor, continuation: Continuation) -> torch
 
 
 @torch.no_grad()
+def teacher_forced_guesses(model, continuations: Sequence[Continuation], rows_per_pass: int | None = None) -> list[torch.Tensor]:
+    """Per continuation, ``model``'s argmax at each of its tokens' positions, with the prompt and the tokens before it as
+    context (teacher-forced, no cache): ``[len(tokens)]`` each. One forward pass over right-padded rows (causal attention
+    never looks ahead at the padding); with ``rows_per_pass``, that many rows a pass, rows of similar length together."""
+    order = list(range(len(continuations)))
+    if rows_per_pass:
+        order.sort(key=lambda i: len(continuations[i].prompt) + len(continuations[i].tokens))
+    step = rows_per_pass or max(len(order), 1)
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = [torch.empty(0, dtype=torch.long)] * len(continuations)
+    for start in range(0, len(order), step):
+        chunk = order[start : start + step]
+        rows = [continuations[i].prompt + continuations[i].tokens for i in chunk]
+        ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = torch.tensor(r)
+        pred = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [rows, L]: guess for position t+1
+        for j, i in enumerate(chunk):
+            out[i] = aligned_guesses(pred[j], continuations[i])
+    return out
+
+
 def agreement_by_position(model, continuations: Sequence[Continuation]) -> list[list[bool]]:
     """Per continuation, per position: whether ``model``'s argmax at the reference's own context is the
     reference's token (identical context: one teacher-forced forward pass over every continuation)."""
-    rows = [c.prompt + c.tokens for c in continuations]
-    length = max(len(r) for r in rows)
-    ids = torch.zeros((len(rows), length), dtype=torch.long)  # right padding: causal attention never looks ahead
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-    device = next(model.parameters()).device
-    pred = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [B, L]: guess for position t+1
-    return [(aligned_guesses(pred[i], c) == torch.tensor(c.tokens)).tolist() for i, c in enumerate(continuations)]
+    guesses = teacher_forced_guesses(model, continuations)
+    return [(g == torch.tensor(c.tokens)).tolist() for g, c in zip(guesses, continuations)]
 
 
 def agreement(model, continuations: Sequence[Continuation]) -> tuple[int, int]:

@@ -157,30 +157,21 @@ def tokens_alone(model, prompt: Sequence[int], new_tokens: int) -> list[int]:
 
 def teacher_forced(model, prompts: Sequence[Sequence[int]], generated: Sequence[Sequence[int]], judge, rows_per_pass: int = 8) -> list:
     """Each request's generated tokens against the model's own choice after each prefix of them: one cache-less forward
-    over its prompt and tokens (rows batched, right-padded, which a causal model never looks at), the argmax at every
-    generated position. Where the first one differs, ``judge`` (:class:`cheapinfer.runtime.rounding.GreedyJudge`) weighs
-    the two tokens' float64 logit gap on that common prefix against the bound of the paths' rounding: a near-tie, or a
-    real difference. Every request is checked, not a sample: a gather of the wrong block corrupts only the steps whose
-    block table it misreads. One :class:`cheapinfer.runtime.rounding.GreedyComparison` per request."""
-    device = next(model.parameters()).device
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(generated[i]))  # similar lengths share a pass
-    out: dict[int, object] = {}
-    for start in range(0, len(order), rows_per_pass):
-        chunk = [i for i in order[start:start + rows_per_pass] if generated[i]]
-        if not chunk:
-            continue
-        rows = [list(prompts[i]) + list(generated[i])[:-1] for i in chunk]
-        ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)
-        for j, r in enumerate(rows):
-            ids[j, : len(r)] = torch.tensor(r)
-        with torch.inference_mode():
-            choice = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [rows, L]
-        for j, i in enumerate(chunk):
-            p, g = len(prompts[i]), list(generated[i])
-            own = choice[j, p - 1 : p - 1 + len(g)].tolist()  # the model's token after each prefix of the request's own
-            t = next((k for k, (a, b) in enumerate(zip(own, g)) if a != b), None)
-            out[i] = judge(prompts[i], g if t is None else g[:t] + [own[t]], g)
-    return [out.get(i) or judge(prompts[i], [], []) for i in range(len(prompts))]
+    over its prompt and tokens (:func:`cheapinfer.chapter.evaluation.teacher_forced_guesses`, the agreement column's
+    pass), the argmax at every generated position. Where the first one differs, ``judge``
+    (:class:`cheapinfer.runtime.rounding.GreedyJudge`) weighs the two tokens' float64 logit gap on that common prefix
+    against the bound of the paths' rounding: a near-tie, or a real difference. Every request is checked, not a sample: a
+    gather of the wrong block corrupts only the steps whose block table it misreads. One
+    :class:`cheapinfer.runtime.rounding.GreedyComparison` per request."""
+    from .evaluation import Continuation, teacher_forced_guesses
+
+    requests = [Continuation(list(p), list(g)) for p, g in zip(prompts, generated)]
+    out = []
+    for c, guesses in zip(requests, teacher_forced_guesses(model, requests, rows_per_pass)):
+        own = guesses.tolist()
+        t = next((k for k, (a, b) in enumerate(zip(own, c.tokens)) if a != b), None)
+        out.append(judge(c.prompt, c.tokens if t is None else c.tokens[:t] + [own[t]], c.tokens))
+    return out
 
 
 def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, max_new_tokens: int, block_size: int = 16, compare: Sequence[int] = (), seed: int = SEED) -> dict[str, object]:

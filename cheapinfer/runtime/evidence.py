@@ -178,7 +178,7 @@ def describe_timed(samples: Mapping[str, object], what: str) -> str:
 
 def conditions(evidence: Mapping[str, object]) -> dict[str, object]:
     """The measured values a claim hands to its verdict (:data:`CONDITIONS`) and the counts behind them."""
-    return {**{k: evidence[k] for k in (*CONDITIONS, *COUNTS)}, **({HISTORY: evidence[HISTORY]} if HISTORY in evidence else {})}
+    return {k: evidence[k] for k in (*CONDITIONS, *COUNTS, HISTORY)}
 
 
 def describe(evidence: dict[str, object]) -> str:
