@@ -40,8 +40,9 @@ def _layer(profile, book_layer):
 @on_profiles("stand-in", "book")
 def test_one_dimension_reaches_1579_while_the_median_stays_below_1_6(claim, profile, residual_streams):
     """OUT-DIM62: "dimension 62 reaches 1,579.6 while the median dimension never exceeds 1.6"."""
-    _, stats = residual_streams(profile)
+    states, stats = residual_streams(profile)
     full = _prompt_note(claim, profile)
+    covered, negative = outliers.signs_covered(states, stats)
     top = stats.top_dim
     dim_max = stats.dim_max
     ranked = dim_max.argsort(descending=True)[:5].tolist()
@@ -55,6 +56,8 @@ def test_one_dimension_reaches_1579_while_the_median_stays_below_1_6(claim, prof
         prompt_tokens=outliers.PROMPT_TOKENS,
         prompt_tokens_full_text=full,
         hidden=int(dim_max.numel()),
+        maxima_cover_both_signs=covered,
+        maxima_reached_below_zero=negative,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, strategies as st
 
-from cheapinfer.chapter import budget, distill, paging, quant, speculative as spec, workload
+from cheapinfer.chapter import budget, distill, outliers, paging, quant, speculative as spec, workload
 from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
 from cheapinfer.runtime import rounding
 from fixtures import strategies
@@ -155,3 +155,16 @@ def test_the_suites_quantizer_stays_within_half_a_step(w, scheme):
         assert not ratio.numel() or float(ratio.max()) <= 1.0001
         assert bool(((w - w_hat)[scale == 0] == 0).all())  # an all-zero group stays zero
         assert torch.equal(quant.fake_quantize(-w, scheme), -w_hat)  # NF4's levels are not symmetric
+
+
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_outlier_scan_takes_magnitudes_and_a_signed_scan_is_caught(seed):
+    """The scan's maxima are of |h|, so a maximum reached below zero counts; one of signed values fails the check."""
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(3, 5, 4, generator=g)  # [layers + 1, tokens, hidden]
+    states[1, 2, 3] = -50.0  # one maximum reached below zero, whatever the draw
+    covered, below_zero = outliers.signs_covered(states, outliers.outlier_stats(states))
+    assert covered and below_zero >= 1
+    assert float(outliers.outlier_stats(states).per_layer_dim_max[1, 3]) == 50.0
+    signed = outliers.OutlierStats(states.amax(dim=1), states.shape[0] - 1)
+    assert outliers.signs_covered(states, signed) == (False, below_zero)

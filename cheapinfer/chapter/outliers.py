@@ -97,6 +97,19 @@ def outlier_stats(states: torch.Tensor) -> OutlierStats:
     return OutlierStats(states.abs().amax(dim=1), states.shape[0] - 1)  # [L+1, H]
 
 
+def signs_covered(states: torch.Tensor, stats: OutlierStats) -> tuple[bool, int]:
+    """Whether the scan's maxima are maxima of magnitudes, and how many of them a negative value reaches.
+
+    Each layer's and dimension's maximum in ``stats`` must be at least its largest value and the magnitude of its
+    most negative value, both taken here separately (``amax`` and ``amin`` over the tokens of ``states``). The
+    count is of the (layer, dimension) pairs whose most negative value is larger in magnitude than their
+    largest: the maxima a scan of signed values would get wrong. Returns ``(covered, count)``.
+    """
+    largest, most_negative = states.amax(dim=1), (-states.amin(dim=1))  # [L+1, H] each
+    covered = bool((stats.per_layer_dim_max >= largest).all() and (stats.per_layer_dim_max >= most_negative).all())
+    return covered, int((most_negative > largest).sum())
+
+
 def octave_edges(largest: float) -> tuple[float, ...]:
     """The book's octave edges, extended by whole octaves above 4096 until ``largest`` falls inside."""
     edges = list(OCTAVE_EDGES)

@@ -278,6 +278,18 @@ def _out_reads_weights():
 
 
 @fault(
+    "out-scan-takes-signed-maxima",
+    section="OUT",
+    kind=RULE,
+    targets=("OUT-DIM62",),
+    what="the outlier scan takes each dimension's largest signed value (h.amax) instead of its largest magnitude (h.abs().amax), so a maximum reached on the negative side is lost",
+)
+def _out_signed_maxima():
+    with patched(outliers, "outlier_stats", lambda states: outliers.OutlierStats(states.amax(dim=1), states.shape[0] - 1)):
+        yield
+
+
+@fault(
     "out-layer-floors-to-embedding",
     section="OUT",
     kind=CONSTANT,
