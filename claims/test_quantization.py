@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from cheapinfer.runtime import evidence, roofline, timing
+from cheapinfer.runtime import accel, evidence, roofline, timing
 from cheapinfer.runtime.models import claim_dtype
 from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
@@ -53,12 +53,14 @@ def test_fewer_bytes_per_weight_make_a_decode_step_faster(claim, twin_factory, d
     models = {"fp32": fp32.model, half: ref.model, **low}
     weight_bytes = {n: roofline.streamed_bytes(m) for n, m in models.items()}
     resident = {n: lowbit.resident_bytes(m) for n, m in models.items()}
+    probe = accel.stream_bytes(device)  # the copy's and the read's bytes each: at least 4x the last-level cache
+    cache, cache_reported = accel.last_level_cache(device)
 
     def speedups(t) -> dict[str, float]:  # one set of times -> the claim's clocked ratios, every path against the read, each kernel from a cache
         return {"speedup_16bit": t["fp32"] / t[half], "speedup_8bit": t[half] / t["int8"], "speedup_4bit": t[half] / t[FOUR_BIT[kind]],
-                "over_read": lowbit.over_read(weight_bytes, t), **{f"headroom_{n}": lowbit.headroom(resident[n], t, n) for n in models}}
+                "over_read": lowbit.over_read(weight_bytes, t, probe), **{f"headroom_{n}": lowbit.headroom(resident[n], t, n, probe) for n in models}}
 
-    steps, samples = lowbit.decode_steps(models, timed, quantities=speedups)
+    steps, samples = lowbit.decode_steps(models, timed, probe, quantities=speedups)
     found = timing.estimates(samples, speedups)
     headrooms = {n: found[f"headroom_{n}"].value for n in models}
     premise_8bit, why_8bit = lowbit.bytes_bound(headrooms, (half, "int8"))
@@ -83,7 +85,8 @@ def test_fewer_bytes_per_weight_make_a_decode_step_faster(claim, twin_factory, d
     claim.note(
         f"Roofline = weight bytes per step / step time / the bandwidth of a plain memory copy measured in the same run "
         f"({base.copy_bandwidth / 1e9:.2f} GB/s, one thread on a CPU); 'of the read' = the same over a read-only stream "
-        f"(a sum of {lowbit.PROBE_BYTES // 2**20} MiB, {base.read_bandwidth / 1e9:.2f} GB/s), which no path may exceed. The int4 row of torchao is not run: its Int4WeightOnlyConfig needs "
+        f"(a sum of {probe / 2**20:,.0f} MiB, {base.read_bandwidth / 1e9:.2f} GB/s), which no path may exceed. The probes stream {probe / 2**20:,.0f} MiB "
+        f"each against a last-level cache of {cache / 2**20:,.1f} MiB ({'as the system reports it' if cache_reported else 'not reported by the system: assumed'}). The int4 row of torchao is not run: its Int4WeightOnlyConfig needs "
         "the mslk package (>= 1.0), which PyPI does not have. A kernel that does not read the stored codes (per-call dequantization: torchao's eager path, LLM.int8) is reported, not asserted."
     )
     eight, four = steps["int8"], steps[FOUR_BIT[kind]]
@@ -112,6 +115,9 @@ def test_fewer_bytes_per_weight_make_a_decode_step_faster(claim, twin_factory, d
         over_read_by_path={n: round(s.over_read, 3) for n, s in steps.items()},
         copy_gb_per_s=base.copy_bandwidth / 1e9,
         read_gb_per_s=base.read_bandwidth / 1e9,
+        probe_over_cache=probe / cache,
+        last_level_cache_bytes=cache,
+        last_level_cache_reported=cache_reported,
     )
 
 

@@ -252,8 +252,9 @@ class Step:
         return self.bandwidth / self.read_bandwidth
 
 
-#: The names of the memory probes :func:`decode_steps` times beside the steps, and their size (far beyond a last-level cache).
-COPY, READ, PROBE_BYTES = "memory copy", "memory read", 2**28
+#: The names of the memory probes :func:`decode_steps` times beside the steps. Their size is the caller's: far beyond a
+#: last-level cache (:func:`cheapinfer.runtime.accel.stream_bytes`).
+COPY, READ = "memory copy", "memory read"
 
 #: Each path's premise probe: one matrix of the model, in the path's own kernel, whose weights stay in a cache
 #: (layer 0's query projection: 896 x 896 in the book's architecture, 1.6 MB in 16 bits, within a core's L2 or a
@@ -296,12 +297,12 @@ def resident_callable(model, calls: int = PROBE_CALLS) -> Callable[[], object]:
     return go
 
 
-def headroom(resident: int, t: Mapping[str, float], name: str) -> float:
+def headroom(resident: int, t: Mapping[str, float], name: str, read_bytes: int) -> float:
     """How much faster path ``name``'s kernel consumes its weights from a cache than memory reads bytes, from one set
-    of times by name: ``resident`` bytes (:func:`resident_bytes`) / its probe's time, over :data:`PROBE_BYTES` /
-    :data:`READ`'s time. Above 1 the kernel outruns memory, so its step is bound by the bytes it reads (the roofline's
+    of times by name: ``resident`` bytes (:func:`resident_bytes`) / its probe's time, over ``read_bytes`` (the read
+    probe's) / :data:`READ`'s time. Above 1 the kernel outruns memory, so its step is bound by the bytes it reads (the roofline's
     memory side); at or below 1 its own arithmetic sets its pace, and fewer bytes cannot be what makes it faster."""
-    return (resident / t[resident_name(name)]) / (PROBE_BYTES / t[READ])
+    return (resident / t[resident_name(name)]) / (read_bytes / t[READ])
 
 
 def bytes_bound(headrooms: Mapping[str, float], paths: tuple[str, ...]) -> tuple[bool, str]:
@@ -331,7 +332,7 @@ def dense_copy_per_call(model) -> float:
     return created / (out.shape[-1] * x.shape[-1] * 2)
 
 
-def over_read(step_bytes: Mapping[str, int], t: Mapping[str, float], read_bytes: int = PROBE_BYTES) -> float:
+def over_read(step_bytes: Mapping[str, int], t: Mapping[str, float], read_bytes: int) -> float:
     """The largest weight bandwidth of any step, over the read stream's, from one set of times by name (those of
     :func:`decode_steps`, which time :data:`READ` beside them): the physical limit, per path. A step that
     beats a plain read of as many bytes did not read its weights (skipped, replayed, or missed by the clock)."""
@@ -339,7 +340,7 @@ def over_read(step_bytes: Mapping[str, int], t: Mapping[str, float], read_bytes:
     return max(step_bytes[n] / t[n] for n in step_bytes) / reading
 
 
-def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 32, rounds: int = 7, warmup: int = 2,
+def decode_steps(models: Mapping[str, object], timed: Callable, probe_bytes: int, context: int = 32, rounds: int = 7, warmup: int = 2,
                  quantities: Callable[[Mapping[str, float]], Mapping[str, float]] | None = None) -> tuple[dict[str, Step], dict]:
     """Batch-1 decode step of each model at ``context`` cached tokens, its premise probe (:func:`resident_callable`), a
     memory copy and a memory read, in one interleaved run: each model's :class:`Step`, and the timed samples of every
@@ -348,7 +349,7 @@ def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 3
     ``timed(variants, rounds, warmup)`` is :func:`cheapinfer.runtime.timing.interleaved` (or the suite's
     fixture around it; with ``quantities``, a function of one set of times by name, it is handed on,
     so that the fixture adds rounds while a noisy check on them cannot decide). The copy and the read
-    (:data:`PROBE_BYTES` each) give the bandwidths the roofline is read against: the copy the reference,
+    (``probe_bytes`` each: :func:`cheapinfer.runtime.accel.stream_bytes`, so that neither sits in a cache) give the bandwidths the roofline is read against: the copy the reference,
     the read the limit (:func:`over_read`).
     """
     from ..runtime.accel import copy_callable, read_callable
@@ -358,8 +359,8 @@ def decode_steps(models: Mapping[str, object], timed: Callable, context: int = 3
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}
     device = next(next(iter(models.values())).parameters()).device
-    (copy_fn, moved), (read_fn, read) = copy_callable(PROBE_BYTES, device), read_callable(PROBE_BYTES, device)
-    assert read == PROBE_BYTES, "over_read() counts the read probe as PROBE_BYTES"
+    (copy_fn, moved), (read_fn, read) = copy_callable(probe_bytes, device), read_callable(probe_bytes, device)
+    assert read == probe_bytes and moved == 2 * probe_bytes, "over_read(), headroom() and the caller's cache check count each probe as probe_bytes"
     variants = {**steps, **{resident_name(name): resident_callable(m) for name, m in models.items()}, COPY: copy_fn, READ: read_fn}
     samples = timed(variants, rounds=rounds, warmup=warmup) if quantities is None else timed(variants, rounds=rounds, warmup=warmup, quantities=quantities)
     bw, rbw = moved / samples[COPY].median, read / samples[READ].median
