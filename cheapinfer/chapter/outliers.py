@@ -9,6 +9,7 @@ embedding output. Which dimensions are outliers is measured here, never assumed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,37 @@ def residual_stream(model, input_ids: torch.Tensor) -> torch.Tensor:
         handle.remove()
     states = list(out.hidden_states[:-1]) + [last[0]]  # replace the final-normed entry with the raw residual
     return torch.stack([h[0].float().cpu() for h in states])  # [L+1, T, H]
+
+
+#: How far :func:`layer_capture_mismatch` may go: 2^-10 of a state's largest |h|, 16,384 fp32 unit roundoffs, room for
+#: another summation order in a second forward; a stream one layer off moves by that layer's whole update.
+LAYER_MISMATCH_BOUND = 2.0**-10
+
+
+@torch.no_grad()
+def layer_capture_mismatch(model, input_ids: torch.Tensor, states: torch.Tensor) -> float:
+    """Whether ``states`` (from :func:`residual_stream`) are the layers they are named for, from a second forward.
+
+    Forward hooks on the input embedding and on every decoder layer capture, in a forward without
+    ``output_hidden_states``, what entry 0 (the embedding output) and entry ``L`` (decoder layer ``L``'s output)
+    must be. Returns the largest ``|captured - states|`` over each state's largest ``|h|`` (``inf`` where the count of
+    states differs): about 0 when they match; a capture that is one layer off moves it by a layer's update.
+    """
+    captured: list[torch.Tensor] = []
+
+    def grab(_module, _args, output):
+        captured.append((output[0] if isinstance(output, tuple) else output)[0].float().cpu())
+
+    modules = [model.get_input_embeddings(), *model.model.layers]
+    handles = [m.register_forward_hook(grab) for m in modules]
+    try:
+        model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    if len(captured) != states.shape[0] or any(c.shape != s.shape for c, s in zip(captured, states)):
+        return math.inf
+    return max(float((c - s).abs().max()) / max(float(s.abs().max()), 1e-30) for c, s in zip(captured, states))
 
 
 @dataclass

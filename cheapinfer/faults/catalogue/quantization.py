@@ -304,6 +304,50 @@ def _out_signed_maxima():
 
 
 @fault(
+    "out-capture-shifted-by-one-layer",
+    section="OUT",
+    kind=RULE,
+    targets=("OUT-PERSISTS", "OUT-HISTOGRAM", "OUT-INT8-LEVELS", "OUT-ONE-LEVEL", "OUT-EXCLUDE-4"),
+    what="the residual-stream capture reads hidden_states from index 1 (forgetting that entry 0 is the embedding), so 'layer L' is the stream after L + 1 layers",
+)
+def _out_capture_shifted():
+    @torch.no_grad()
+    def residual_stream(model, input_ids):
+        last: list[torch.Tensor] = []
+        handle = model.model.layers[-1].register_forward_hook(lambda _m, _a, out: last.append(out[0] if isinstance(out, tuple) else out))
+        try:
+            out = model(input_ids=input_ids.to(next(model.parameters()).device), output_hidden_states=True, use_cache=False)
+        finally:
+            handle.remove()
+        return torch.stack([h[0].float().cpu() for h in list(out.hidden_states[1:]) + [last[0]]])
+
+    with patched(outliers, "residual_stream", residual_stream):
+        yield
+
+
+@fault(
+    "out-exclude-ranks-by-mean",
+    section="OUT",
+    kind=STATISTIC,
+    targets=("OUT-EXCLUDE-4",),
+    what="the dimensions to exclude are ranked by their mean |h| over the tokens instead of their max |h|",
+)
+def _out_exclude_by_mean():
+    real = outliers.int8_report
+
+    def int8_report(h, exclude=4):
+        by_mean = h.abs().mean(dim=0).argsort(descending=True)
+        keep = torch.ones(h.shape[1], dtype=torch.bool)
+        keep[by_mean[:exclude]] = False
+        r = real(h, exclude)
+        scale_excl = outliers.tensor_scale(h[:, keep])
+        return replace(r, top_dims=by_mean.tolist(), scale_excl=scale_excl, dim_levels_excl=outliers._levels_per_dim(outliers.int8_codes(h, scale_excl)))
+
+    with patched(outliers, "int8_report", int8_report):
+        yield
+
+
+@fault(
     "out-layer-floors-to-embedding",
     section="OUT",
     kind=CONSTANT,
