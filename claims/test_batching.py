@@ -283,6 +283,8 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         latency_ratio_constant_cost=q(sens.latency_constant_cost, 0.5),
         share_throughput_at_book_constant_cost=sens.share(sens.throughput_constant_cost, 1.55, 1.65),
         mixed_latency_ratio=sens.mixed_latency,
+        workloads_compared=len(sens.throughput),
+        repeated_workloads=sens.repeated_workloads(),
         throughput_ratio_sorted=sorted_order["throughput_ratio"],
         latency_ratio_sorted=sorted_order["latency_ratio"],
         service_latency_ratio=seeded["service_latency_ratio"],

@@ -174,6 +174,12 @@ class Sensitivity:
     throughput_constant_cost: list[float]  # the same with every step costing what a full batch costs
     latency_constant_cost: list[float]
     mixed_latency: float  # the seeded workload: static latency from arrival, continuous from admission
+    workloads: tuple[tuple[int, ...], ...] = ()  # the length vectors simulated, in the order of the ratios
+
+    def repeated_workloads(self) -> int:
+        """How many of the ratios' workloads are not a length vector of their own (0 when every one was drawn anew;
+        all of them when the workloads were not kept)."""
+        return len(self.throughput) - len(set(self.workloads))
 
     @staticmethod
     def quantile(values: Sequence[float], f: float) -> float:
@@ -207,4 +213,5 @@ def sensitivity(lengths: Sequence[int], slots: int, step_cost: Mapping[int, floa
         [m["throughput_ratio"] for m in constant],
         [m["latency_ratio"] for m in constant],
         s.mean_latency_s / c.mean_service_s,
+        tuple(tuple(w) for w in workloads),
     )

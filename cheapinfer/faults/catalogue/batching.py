@@ -183,6 +183,19 @@ def _knee_search_fixed_size():
 
 
 @fault(
+    "workload-draws-share-one-seed",
+    section="BAT",
+    kind=STATISTIC,
+    targets=("BAT-STATIC-CONT",),
+    what="the sensitivity loop seeds every other workload with seed + 1 (the loop index left out), so the 'spread over 200 workloads' is 200 copies of one",
+)
+def _workload_draws_share_one_seed():
+    real = workload.skewed_lengths
+    with patched(workload, "skewed_lengths", lambda n=64, seed=workload.SEED, **kw: real(n, seed=min(seed, workload.SEED + 1), **kw)):
+        yield
+
+
+@fault(
     "static-refills-slots",
     section="BAT",
     kind=RULE,
