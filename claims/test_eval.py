@@ -41,6 +41,12 @@ def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evalu
     )
     ref = table["reference"]
     library, bound = table.cross_check.library_ppl, table.cross_check.ln_bound
+    # The batch computes what each question asked alone computes: the most padded one, without the penalty.
+    q = battery.shortest_question(profile.tokenizer)
+    alone = rounding.GreedyJudge(profile.model)(battery.question_ids(profile.tokenizer, q), battery.alone(profile.model, profile.tokenizer, q),
+                                                battery.until_end(profile.model, ref.battery_no_penalty.tokens[q]))
+    claim.note(f"battery question {q} (the shortest, padded most in the batch), asked alone: "
+               + ("the batch's answer, token for token" if alone.equal else alone.describe()))
     claim.note(f"perplexity against transformers' own loss: |ln ratio| {abs(math.log(ref.ppl / library)):.3g}, its first-order rounding bound {bound:.3g}")
     claim.verify(
         profile.name,
@@ -54,6 +60,8 @@ def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evalu
         positions=ref.positions,
         seconds_per_scheme={s: round(t, 1) for s, t in table.seconds.items() if s in table.schemes},
         seconds_cross_check=round(table.seconds["cross-check"], 1),
+        battery_batch_equals_alone=alone.agree,
+        battery_question_alone=q,
         **_ppls(table, table.schemes),
     )
 

@@ -6,7 +6,7 @@ a battery of n questions can resolve at all (see :mod:`cheapinfer.chapter.evalua
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -86,6 +86,7 @@ class BatteryResult:
     repetition_penalty: float
     answers: list[str]
     correct: list[bool]
+    tokens: list[list[int]] = field(default_factory=list)  # each answer's generated ids, as the batch produced them
 
     @property
     def score(self) -> int:
@@ -115,7 +116,39 @@ def battery(model, tokenizer, repetition_penalty: float | None = None) -> Batter
         pad_token_id=pad,
     )  # [B, L + new]
     answers = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
-    return BatteryResult(penalty, answers, [is_correct(a, acc) for a, (_, acc) in zip(answers, BATTERY)])
+    return BatteryResult(penalty, answers, [is_correct(a, acc) for a, (_, acc) in zip(answers, BATTERY)], out[:, ids.shape[1]:].tolist())
+
+
+def question_ids(tokenizer, index: int) -> list[int]:
+    """Question ``index`` of the battery as the model is asked it (chat template and suffix), unpadded."""
+    return _chat_ids(tokenizer, BATTERY[index][0] + BATTERY_SUFFIX)
+
+
+def shortest_question(tokenizer) -> int:
+    """The question with the fewest ids: the one the batch pads most."""
+    return min(range(len(BATTERY)), key=lambda i: len(question_ids(tokenizer, i)))
+
+
+def until_end(model, tokens: Sequence[int]) -> list[int]:
+    """``tokens`` up to and including the first end-of-sequence id of the model's generation config (all of them if none)."""
+    eos = model.generation_config.eos_token_id
+    ends = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    out: list[int] = []
+    for t in tokens:
+        out.append(int(t))
+        if t in ends:
+            break
+    return out
+
+
+@torch.no_grad()
+def alone(model, tokenizer, index: int) -> list[int]:
+    """Question ``index`` asked alone (no padding, no other row), greedy, no repetition penalty: its answer's ids up to
+    the first end of sequence. The batch's answer to it, without the penalty, must be the same up to rounding."""
+    ids = torch.tensor([question_ids(tokenizer, index)], device=next(model.parameters()).device)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, temperature=None, top_p=None, top_k=None,
+                         repetition_penalty=1.0, max_new_tokens=ANSWER_TOKENS, pad_token_id=_pad_id(model, tokenizer))
+    return until_end(model, out[0, ids.shape[1]:].tolist())
 
 
 def binomial_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from ...chapter import evaluation, quant, battery, perplexity
 from ..core import DISABLED, RULE, STATISTIC, fault, patched
 
@@ -86,6 +88,27 @@ def _eval_agreement_scores_the_reference():
         return real_agreement(reference.get("model", model), continuations)
 
     with patched(evaluation.Table, "__init__", init), patched(evaluation, "agreement_by_position", on_the_reference):
+        yield
+
+
+@fault(
+    "eval-battery-padded-right",
+    section="EVAL",
+    kind=RULE,
+    targets=("EVAL-TABLE",),
+    what="the battery's batch is padded on the right (a tokenizer's default side) instead of the left, so the short questions are continued after their padding",
+)
+def _eval_battery_padded_right():
+    def right_padded(rows, pad_id):
+        length = max(len(r) for r in rows)
+        ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
+        return ids, mask
+
+    with patched(battery, "_left_padded", right_padded):
         yield
 
 
