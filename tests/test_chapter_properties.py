@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, strategies as st
 
-from cheapinfer.chapter import budget, distill, outliers, paging, quant, speculative as spec, workload
+from cheapinfer.chapter import battery, budget, distill, outliers, paging, quant, speculative as spec, workload
 from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
 from cheapinfer.runtime import rounding
 from fixtures import strategies
@@ -168,3 +168,12 @@ def test_the_outlier_scan_takes_magnitudes_and_a_signed_scan_is_caught(seed):
     assert float(outliers.outlier_stats(states).per_layer_dim_max[1, 3]) == 50.0
     signed = outliers.OutlierStats(states.amax(dim=1), states.shape[0] - 1)
     assert outliers.signs_covered(states, signed) == (False, below_zero)
+
+
+def test_the_battery_scores_whole_words_only():
+    """An accepted answer counts as a word of its own: '100' is not '0', 'marshal' is not 'mars', and case and punctuation do not matter."""
+    assert battery.is_correct("Water boils at 100 degrees.", ("100", "one hundred"))
+    assert battery.is_correct("It's MARS!", ("mars",))
+    assert not battery.is_correct("About 100 of them", ("0", "zero"))
+    assert not battery.is_correct("The marshal said so", ("mars",))
+    assert not battery.is_correct("In 1848", ("8",))
