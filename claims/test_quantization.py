@@ -302,7 +302,8 @@ def test_nf4_costs_4_25_bits_and_lowers_the_error_28_percent(claim, profile, req
             bits_per_weight=8 * nf4_bytes / weights,
             bits_g128=8 * g128_bytes / weights,
             **({"bnb_bits_per_weight": bnb[0].serialized_bits_per_weight, "bnb_double_quant_bits_per_weight": bnb[1].serialized_bits_per_weight,
-                "bnb_unaccounted_bytes_per_matrix": max(abs(s.serialized - s.nbytes) for s in bnb) / (len(shapes) * layers)}
+                "bnb_unaccounted_bytes_per_matrix": max(abs(s.serialized - s.nbytes) for s in bnb) / (len(shapes) * layers),
+                "bnb_double_quant_over_single": bnb[1].serialized_bits_per_weight / bnb[0].serialized_bits_per_weight}
                if all(isinstance(s, formats.Stored) for s in bnb) else {}),
         )
         return
