@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import torch
+import contextlib
+import warnings
 
-from ...chapter import asides, kv, kv_macs
+import torch
+import torch.nn.functional as F
+
+from ...chapter import asides, kv, kv_listing, kv_macs
 from ...runtime import accel, hf
 from ..core import CONSTANT, DISABLED, RULE, fault, patched
 from .common import replaying_steps
@@ -257,6 +261,26 @@ def _kv_listing_alias_dropped():
 
 
 @fault(
+    "kv-listing-deaf-to-logged-deprecations",
+    section="KV",
+    kind=RULE,
+    targets=("KV-API",),
+    what="the deprecation collector listens to Python's warnings only, not to transformers' logger.warning_once, so a cache keyword that transformers deprecates through its logger looks current",
+)
+def _kv_listing_deaf_to_logged():
+    @contextlib.contextmanager
+    def deprecations(records):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield records
+        kinds = (DeprecationWarning, FutureWarning, PendingDeprecationWarning)
+        records += [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught if issubclass(w.category, kinds)]
+
+    with patched(kv_listing, "deprecations", deprecations):
+        yield
+
+
+@fault(
     "flash-fused-drops-causal-mask",
     section="ASIDE",
     kind=RULE,
@@ -270,4 +294,24 @@ def _flash_drops_causal():
         return real(q, k, v, False)
 
     with patched(asides, "fused", no_mask):
+        yield
+
+
+@fault(
+    "flash-fused-explicit-mask",
+    section="ASIDE",
+    kind=DISABLED,
+    targets=("FLASH-NO-SCORES",),
+    what="the fused attention call builds an n x n boolean causal mask and passes attn_mask= instead of is_causal=True: the same function, but the mask is a quarter of the fp32 scores and the flash kernel cannot take it",
+)
+def _flash_explicit_mask():
+    real = asides.fused
+
+    def with_mask(q, k, v, causal=True):
+        if not causal:
+            return real(q, k, v, False)
+        n = q.shape[-2]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(n, n, dtype=torch.bool, device=q.device).tril_())
+
+    with patched(asides, "fused", with_mask):
         yield
