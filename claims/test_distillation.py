@@ -35,6 +35,7 @@ def test_soft_label_after_she_poured_the_milk_into_the(claim, profile):
         top1_prob=top[0][1],
         runner_up_mass=sum(p for _, p in top[1:]),
         top5=[[t, round(p, 4)] for t, p in top],
+        reads_after_the_prompt=distill.reads_after_the_prompt(profile.model, profile.tokenizer),
     )
 
 
@@ -54,6 +55,7 @@ def test_temperature_two_takes_the_square_root(claim, profile):
         sqrt_identity_err=distill.root_identity_error(logits, book["t2"]),
         sqrt_identity_err_over_bound=distill.root_identity_error(logits, book["t2"]) / max(_root_bounds(logits, book["t2"], 20)),
         order_unchanged=distill.order_unchanged(logits, book["t2"]),
+        reads_after_the_prompt=distill.reads_after_the_prompt(profile.model, profile.tokenizer),
     )
 
 

@@ -23,6 +23,27 @@ def next_token_logits(model, tokenizer, prompt: str = MILK_PROMPT) -> torch.Tens
     return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
 
 
+@torch.no_grad()
+def reads_after_the_prompt(model, tokenizer, prompt: str = MILK_PROMPT) -> bool:
+    """Whether :func:`next_token_logits` reads the distribution right after ``prompt``: the ids the model is fed (caught
+    by a forward pre-hook on the model, outside the function) decode to text that ends with the prompt, so the last
+    position, whose logits are read, is the prompt's last token and nothing (an end-of-sequence id, a second
+    template) comes after it."""
+    fed: list[torch.Tensor] = []
+
+    def grab(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            fed.append(ids[0].detach().cpu())
+
+    handle = model.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        next_token_logits(model, tokenizer, prompt)
+    finally:
+        handle.remove()
+    return len(fed) == 1 and tokenizer.decode(fed[0].tolist(), skip_special_tokens=False).endswith(prompt)
+
+
 def distribution(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """softmax(logits / T). ``[V]``"""
     return torch.softmax(logits.double() / temperature, dim=-1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...chapter import distill, speculative
-from ..core import CONSTANT, DISABLED, RULE, fault, patched
+from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import MISSPELLED_HF, misspelled_while, replaying_first
 
 
@@ -164,6 +164,22 @@ def _spec_greedy_drops_target_token():
 
 
 @fault(
+    "spec-alpha-over-proposed",
+    section="SPEC",
+    kind=STATISTIC,
+    targets=("SPEC-ALPHA",),
+    what="the acceptance rate divides the accepted proposals by all proposed ones, counting the proposals after a rejection (never judged) as rejected",
+)
+def _spec_alpha_over_proposed():
+    def acceptance_rate(runs):
+        proposed = sum(r.proposed for r in runs)
+        return sum(r.accepted for r in runs) / proposed if proposed else float("nan")
+
+    with patched(speculative, "acceptance_rate", acceptance_rate):
+        yield
+
+
+@fault(
     "spec-expected-off-by-one",
     section="SPEC",
     kind=CONSTANT,
@@ -266,4 +282,26 @@ def _dist_hard_label():
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
 
     with patched(distill, "distribution", one_hot):
+        yield
+
+
+@fault(
+    "dist-prompt-ends-in-eos",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-MILK", "DIST-TEMPERATURE"),
+    what="the prompt is tokenized with an end-of-sequence id appended (a tokenizer loaded with add_eos_token), so the soft label read is the distribution after EOS, not after 'into the'",
+)
+def _dist_prompt_ends_in_eos():
+    real = distill.next_token_logits
+
+    class EosAppended:
+        def __init__(self, tokenizer):
+            self.tokenizer = tokenizer
+
+        def __call__(self, text, **kwargs):
+            out = self.tokenizer(text, **kwargs)
+            return {**out, "input_ids": list(out["input_ids"]) + [self.tokenizer.eos_token_id]}
+
+    with patched(distill, "next_token_logits", lambda model, tokenizer, prompt=distill.MILK_PROMPT: real(model, EosAppended(tokenizer), prompt)):
         yield
