@@ -17,7 +17,7 @@ BOOK_TOP5 = {" " + q.removeprefix("p_"): p for q, p in registry.get("DIST-MILK")
 @on_profiles("stand-in", "book")
 def test_soft_label_after_she_poured_the_milk_into_the(claim, profile):
     """DIST-MILK: '"She poured the milk into the" -> ' jug' 0.1355 ' cup' 0.1051 ' bowl' 0.0605 ' large' 0.0380 ' milk' 0.0360'."""
-    logits = distill.next_token_logits(profile.model, profile.tokenizer)
+    logits, after_prompt = distill.logits_read_after_the_prompt(profile.model, profile.tokenizer)
     words = distill.word_probabilities(logits, profile.tokenizer)
     top = distill.top_k(logits, profile.tokenizer, 5)
     claim.table(
@@ -35,7 +35,7 @@ def test_soft_label_after_she_poured_the_milk_into_the(claim, profile):
         top1_prob=top[0][1],
         runner_up_mass=sum(p for _, p in top[1:]),
         top5=[[t, round(p, 4)] for t, p in top],
-        reads_after_the_prompt=distill.reads_after_the_prompt(profile.model, profile.tokenizer),
+        reads_after_the_prompt=after_prompt,
     )
 
 
@@ -44,7 +44,7 @@ def test_soft_label_after_she_poured_the_milk_into_the(claim, profile):
 def test_temperature_two_takes_the_square_root(claim, profile):
     """DIST-TEMPERATURE: "the ratio between the top token and the third falls from 2.24 at T = 1 to 1.50 at T = 2, the square root of the first"."""
     book = registry.get("DIST-TEMPERATURE").book
-    logits = distill.next_token_logits(profile.model, profile.tokenizer)
+    logits, after_prompt = distill.logits_read_after_the_prompt(profile.model, profile.tokenizer)
     r1 = distill.rank_ratio(distill.distribution(logits, book["t1"]))
     r2 = distill.rank_ratio(distill.distribution(logits, book["t2"]))
     claim.verify(
@@ -55,7 +55,7 @@ def test_temperature_two_takes_the_square_root(claim, profile):
         sqrt_identity_err=distill.root_identity_error(logits, book["t2"]),
         sqrt_identity_err_over_bound=distill.root_identity_error(logits, book["t2"]) / max(_root_bounds(logits, book["t2"], 20)),
         order_unchanged=distill.order_unchanged(logits, book["t2"]),
-        reads_after_the_prompt=distill.reads_after_the_prompt(profile.model, profile.tokenizer),
+        reads_after_the_prompt=after_prompt,
     )
 
 

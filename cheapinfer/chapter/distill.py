@@ -24,11 +24,11 @@ def next_token_logits(model, tokenizer, prompt: str = MILK_PROMPT) -> torch.Tens
 
 
 @torch.no_grad()
-def reads_after_the_prompt(model, tokenizer, prompt: str = MILK_PROMPT) -> bool:
-    """Whether :func:`next_token_logits` reads the distribution right after ``prompt``: the ids the model is fed (caught
-    by a forward pre-hook on the model, outside the function) decode to text that ends with the prompt, so the last
-    position, whose logits are read, is the prompt's last token and nothing (an end-of-sequence id, a second
-    template) comes after it."""
+def logits_read_after_the_prompt(model, tokenizer, prompt: str = MILK_PROMPT) -> tuple[torch.Tensor, bool]:
+    """:func:`next_token_logits`, and whether it read the distribution right after ``prompt``: the ids the model is fed
+    (caught by a forward pre-hook on the model, outside the function) decode to text that ends with the prompt, so
+    the last position, whose logits are read, is the prompt's last token and nothing (an end-of-sequence id, a
+    second template) comes after it."""
     fed: list[torch.Tensor] = []
 
     def grab(_module, args, kwargs):
@@ -38,10 +38,10 @@ def reads_after_the_prompt(model, tokenizer, prompt: str = MILK_PROMPT) -> bool:
 
     handle = model.register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        next_token_logits(model, tokenizer, prompt)
+        logits = next_token_logits(model, tokenizer, prompt)
     finally:
         handle.remove()
-    return len(fed) == 1 and tokenizer.decode(fed[0].tolist(), skip_special_tokens=False).endswith(prompt)
+    return logits, len(fed) == 1 and tokenizer.decode(fed[0].tolist(), skip_special_tokens=False).endswith(prompt)
 
 
 def distribution(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
