@@ -43,7 +43,8 @@ def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evalu
     library, bound = table.cross_check.library_ppl, table.cross_check.ln_bound
     # The batch computes what each question asked alone computes: the most padded one, without the penalty.
     q = battery.shortest_question(profile.tokenizer)
-    alone = rounding.GreedyJudge(profile.model)(battery.question_ids(profile.tokenizer, q), battery.alone(profile.model, profile.tokenizer, q),
+    asked = battery.question_ids(profile.tokenizer, q)
+    alone = rounding.GreedyJudge(profile.model)(asked, battery.until_end(profile.model, evaluation.greedy(profile.model, asked, battery.ANSWER_TOKENS)),
                                                 battery.until_end(profile.model, ref.battery_no_penalty.tokens[q]))
     claim.note(f"battery question {q} (the shortest, padded most in the batch), asked alone: "
                + ("the batch's answer, token for token" if alone.equal else alone.describe()))

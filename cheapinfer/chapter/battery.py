@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from scipy import stats
 
+from ..runtime import hf
+
 
 # ------------------------------------------------------------------------------------------------
 # battery
@@ -131,24 +133,12 @@ def shortest_question(tokenizer) -> int:
 
 def until_end(model, tokens: Sequence[int]) -> list[int]:
     """``tokens`` up to and including the first end-of-sequence id of the model's generation config (all of them if none)."""
-    eos = model.generation_config.eos_token_id
-    ends = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
-    out: list[int] = []
+    ends, out = hf.eos_ids(model), []
     for t in tokens:
         out.append(int(t))
-        if t in ends:
+        if out[-1] in ends:
             break
     return out
-
-
-@torch.no_grad()
-def alone(model, tokenizer, index: int) -> list[int]:
-    """Question ``index`` asked alone (no padding, no other row), greedy, no repetition penalty: its answer's ids up to
-    the first end of sequence. The batch's answer to it, without the penalty, must be the same up to rounding."""
-    ids = torch.tensor([question_ids(tokenizer, index)], device=next(model.parameters()).device)
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, temperature=None, top_p=None, top_k=None,
-                         repetition_penalty=1.0, max_new_tokens=ANSWER_TOKENS, pad_token_id=_pad_id(model, tokenizer))
-    return until_end(model, out[0, ids.shape[1]:].tolist())
 
 
 def binomial_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -220,13 +220,6 @@ def _forward(model, tokens: Sequence[int], cache, keep: int) -> torch.Tensor:
 _crop_to = hf.crop
 
 
-def _eos_ids(model) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        return set()
-    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
-
-
 @torch.no_grad()
 def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: int = 4, stop_at_eos: bool = True) -> Run:
     """Greedy decoding of ``new_tokens`` tokens, speculative when a ``draft`` is given.
@@ -236,7 +229,7 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
     """
     seq = list(prompt)
     start = len(seq)
-    eos = _eos_ids(target) if stop_at_eos else set()
+    eos = hf.eos_ids(target) if stop_at_eos else set()
     t_cache = _new_cache(target)
     d_cache = _new_cache(draft) if draft is not None else None
     run = Run(tokens=[])

@@ -161,6 +161,14 @@ def _bases() -> tuple[type, type]:
 # ------------------------------------------------------------------------------------------------
 
 
+def eos_ids(model) -> set[int]:
+    """The end-of-sequence ids of the model's generation config (one id or a list of them; none where it sets none)."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+
+
 def tokenizer_conventions(tokenizer) -> dict[str, Any]:
     """What a tokenizer does around the text: does it prepend BOS, append EOS, and which ids are BOS, EOS, padding."""
     probe = tokenizer("a", add_special_tokens=True)["input_ids"]
