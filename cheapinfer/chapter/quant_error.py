@@ -91,12 +91,10 @@ def spread(w: torch.Tensor) -> float:
 
 def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float | int]:
     """The book's one-matrix listing: mean |w|, std, max |w|, max/std, count beyond ``sigmas`` std (|w| > k std)."""
-    from scipy.stats import norm
-
     w = weight.detach().double().flatten()
     std = spread(w)
     beyond = int((w.abs() > sigmas * std).sum())
-    expected = w.numel() * 2 * float(norm.sf(sigmas))  # under a normal distribution
+    expected = w.numel() * normal_tail_fraction(sigmas)  # under a normal distribution
     max_abs = float(w.abs().max())
     return {
         "mean_abs": float(w.abs().mean()),
@@ -107,6 +105,32 @@ def matrix_stats(weight: torch.Tensor, sigmas: float = 6.0) -> dict[str, float |
         **tail_summary(max_abs, std, beyond, w.numel()),
         "tail_excess": beyond / expected,
     }
+
+
+def normal_tail_fraction(sigmas: float) -> float:
+    """The share of a normal distribution beyond ``sigmas`` standard deviations, both tails: 2 sf(k)."""
+    from scipy.stats import norm
+
+    return 2 * float(norm.sf(sigmas))
+
+
+#: The threshold of the tail's calibration run: a normal sample of the matrix's size has thousands of weights beyond it
+#: (2 x 0.00135 of them), so a wrong expectation shows as a count many Poisson standard deviations off. Beyond 6
+#: sigma a normal sample has none to count (2 x 9.9e-10 of 4.4 million is 0.009 weights).
+CALIBRATION_SIGMAS = 3.0
+
+
+def tail_calibration(shape: tuple[int, ...], sigmas: float = CALIBRATION_SIGMAS, seed: int = 0) -> dict[str, float]:
+    """:func:`matrix_stats` run on seeded standard-normal weights of ``shape``, at ``sigmas``: its ``tail_excess`` there
+    must be 1 up to Poisson noise. ``normal_tail_z`` is the count's distance from a normal tail's expectation, in
+    Poisson standard deviations, with the expectation computed here on another route (``erfc``, not scipy's ``sf``):
+    ``|excess - 1| sqrt(expected)``. A wrong expectation in :func:`matrix_stats` (one tail for two, another threshold)
+    moves the excess of every matrix it measures, and this run's z by dozens."""
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    got = matrix_stats(w, sigmas)
+    expected = w.numel() * math.erfc(sigmas / math.sqrt(2))
+    return {"normal_tail_excess": got["tail_excess"], "normal_tail_expected": expected,
+            "normal_tail_z": abs(got["tail_excess"] - 1) * math.sqrt(expected), "normal_tail_sigmas": sigmas}
 
 
 def tail_summary(max_abs: float, std: float, beyond: int, numel: int) -> dict[str, float]:

@@ -159,6 +159,20 @@ def _q_count_biases():
 
 
 @fault(
+    "q-tail-expectation-one-tailed",
+    section="Q",
+    kind=STATISTIC,
+    targets=("Q-DOWNPROJ-STATS",),
+    what="a normal tail's expected count beyond k sigma takes one tail (sf(k)) for |w|'s two, so every matrix's excess over a normal tail doubles",
+)
+def _q_tail_one_tailed():
+    from scipy.stats import norm
+
+    with patched(quant_error, "normal_tail_fraction", lambda sigmas: float(norm.sf(sigmas))):
+        yield
+
+
+@fault(
     "q-row-scales-from-transposed-view",
     section="Q",
     kind=RULE,
