@@ -112,7 +112,11 @@ def _verify(argv: list[str]) -> int:
               "were not replaced", file=sys.stderr)
         return code
     if mine:
-        print("\n".join(["", *tables.summary_table(schema.read_record(mine)), "", f"Run record: {mine}", f"Errata report: {report_dir / report.ERRATA_NAME}"]))
+        record = schema.read_record(mine)
+        fault = record.get("run", {}).get("fault")
+        last = (f"The fault {fault} was injected: the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced" if fault
+                else f"Errata report: {report_dir / report.ERRATA_NAME}")
+        print("\n".join(["", *tables.summary_table(record), "", f"Run record: {mine}", last]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
 

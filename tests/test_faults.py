@@ -141,6 +141,24 @@ def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
     assert all(v.startswith(f"{record.NOT_REACHED}: caught by {red[0]}") for cid, v in verdicts.items() if cid != red[0]), verdicts
 
 
+def test_pytest_with_a_fault_keeps_its_own_record_and_replaces_neither_the_record_nor_the_errata(tmp_path):
+    """README's ``pytest --fault NAME``: the run measures a broken system on purpose. Its red claims are the fault's,
+    not the book's errata, so the chapter's latest run.json and errata.md stay; its own record is kept, marked."""
+    name = "kv-bytes-counts-query-heads"
+    latest = {n: tmp_path / n for n in ("run.json", "errata.md")}
+    for n, path in latest.items():
+        path.write_text(f"the chapter's last {n}\n")
+    proc = python_m("pytest", "-q", "-p", "no:cacheprovider", "--fault", name, "--claims", "KV-BYTES-FORMULA", "--report-dir", str(tmp_path),
+                    cwd=ROOT, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert {n: p.read_text() for n, p in latest.items()} == {n: f"the chapter's last {n}\n" for n in latest}
+    (kept,) = [p for p in (tmp_path / "runs").glob("*.json") if not p.name.endswith(".benchmarks.json")]
+    rec = schema.read_record(kept)
+    assert rec["run"]["fault"] == name and rec["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.DEVIATES
+    assert f"record of this run with the fault {name} injected: {kept}" in proc.stdout, proc.stdout[-3000:]
+    assert "were not replaced" in proc.stdout
+
+
 @pytest.mark.parametrize("fork", [True, False], ids=["fork-server", "fresh-interpreter"])
 def test_a_fault_run_starts_pytest_from_the_fork_server_or_a_fresh_interpreter(monkeypatch, tmp_path, fork):
     """Both ways of starting a fault's pytest give its exit status and its output's last line; a timeout is None."""

@@ -10,7 +10,9 @@ acceptance rule, a biased statistic. Each fault is a context manager that patche
 with ``--claims``) and prints a fault x claim table; it fails when a fault leaves every one of its target
 claims green, and names the claims that no known fault turns red. By default it sweeps: each run of a
 fault stops at its first red claim (:func:`run`); ``--all-targets`` runs every claim a fault names.
-``pytest --fault NAME`` runs the suite with one fault active: its claims should deviate.
+``pytest --fault NAME`` runs the suite with one fault active: its claims should deviate. Such a run keeps its
+own record (``runs/``, marked with the fault) and replaces neither the latest ``run.json`` nor ``errata.md``;
+the runner reads each fault run's kept record.
 
 A fault is written and registered as :mod:`cheapinfer.faults.core` says.
 """
@@ -72,7 +74,7 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     if code is None:
         return {cid: f"timed out after {timeout:.0f} s" for cid in claims}
     try:
-        record = read_record(outdir)
+        record = read_record(_kept_record(outdir))
     except RecordError as exc:
         return {cid: f"no well-formed record ({exc}; pytest exit {code}: {tail})" for cid in claims}
     except (OSError, ValueError):
@@ -90,6 +92,16 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
         else:
             out[cid] = claim.get("verdict", "absent")
     return out
+
+
+def _kept_record(outdir: Path) -> Path:
+    """The record the one run in ``outdir`` kept (a run with a fault injected writes no latest ``run.json``)."""
+    from ..harness.report import BENCHMARKS_SUFFIX, RUNS_DIR
+
+    kept = [p for p in sorted((outdir / RUNS_DIR).glob("*.json")) if not p.name.endswith(BENCHMARKS_SUFFIX)]
+    if len(kept) != 1:
+        raise OSError(f"{len(kept)} records kept in {outdir / RUNS_DIR}, expected the one of this run")
+    return kept[0]
 
 
 def uncovered() -> list[str]:
