@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from .. import SEED
 from . import quant
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +121,7 @@ def normal_tail_fraction(sigmas: float) -> float:
 CALIBRATION_SIGMAS = 3.0
 
 
-def tail_calibration(shape: tuple[int, ...], sigmas: float = CALIBRATION_SIGMAS, seed: int = 0) -> dict[str, float]:
+def tail_calibration(shape: tuple[int, ...], sigmas: float = CALIBRATION_SIGMAS, seed: int = SEED) -> dict[str, float]:
     """:func:`matrix_stats` run on seeded standard-normal weights of ``shape``, at ``sigmas``: its ``tail_excess`` there
     must be 1 up to Poisson noise. ``normal_tail_z`` is the count's distance from a normal tail's expectation, in
     Poisson standard deviations, with the expectation computed here on another route (``erfc``, not scipy's ``sf``):

@@ -48,6 +48,18 @@ def _budget_7b_mha():
 
 
 @fault(
+    "budget-70b-mha-heads",
+    section="BUD",
+    kind=CONSTANT,
+    targets=("BUD-13B-800KB",),
+    what="the 70B is given full multi-head attention (its 64 query heads as KV heads) instead of the 8 KV heads the prose states for the 7B and 70B rows",
+)
+def _budget_70b_mha():
+    with patched(budget, "MODELS", _with_shape("70b", kv_heads=64)):
+        yield
+
+
+@fault(
     "budget-13b-gqa",
     section="BUD",
     kind=CONSTANT,
