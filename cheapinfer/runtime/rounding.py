@@ -198,8 +198,9 @@ class _Sites:
         w, v = worst.detach(), var.detach()
 
         def weigh(g: torch.Tensor) -> None:
-            self.worst_sum += a * float((g.abs() * w).sum())
-            self.parts[kind] = self.parts.get(kind, 0.0) + a**2 * float((g.square() * v).sum())
+            t = g.abs()  # one scratch tensor for both products (the LM head's are 25 million elements)
+            self.worst_sum += a * float(t.mul_(w).sum())
+            self.parts[kind] = self.parts.get(kind, 0.0) + a**2 * float(torch.mul(g, g, out=t).mul_(v).sum())
 
         y.register_hook(weigh)
         return y
