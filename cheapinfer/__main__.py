@@ -13,14 +13,13 @@ engine   the batching workload through vLLM, the reference engine (needs vllm-cp
 from __future__ import annotations
 
 import importlib
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from . import CHECKOUT
-from .runtime.cli import Parser, nonempty, timing_threads
+from .runtime.cli import Parser, child_environment, nonempty, timing_threads
 
 ROOT = CHECKOUT
 #: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).
@@ -101,7 +100,7 @@ def _verify(argv: list[str]) -> int:
     run_id = report.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
     claims = [args.claims] if args.claims else None
-    code, interrupted = _run_interruptibly(command(report_dir, claims), {**os.environ, report.RUN_ID_VARIABLE: run_id})
+    code, interrupted = _run_interruptibly(command(report_dir, claims), {**child_environment(), report.RUN_ID_VARIABLE: run_id})
     mine = report.own_record(report_dir, run_id)
     if interrupted:
         kept = f"its record so far: {mine}" if mine else "it recorded nothing"

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cheapinfer.runtime.cli import child_environment
+
 #: Imported once by the server. Nothing of cheapinfer: its modules read environment variables at import.
 PRELOAD = ["torch", "transformers", "numpy", "scipy.stats", "pytest", "hypothesis", "pytest_benchmark.plugin", "matplotlib.pyplot"]
 _ctx = None
@@ -80,6 +82,7 @@ def python_m(module: str, *args: str, cwd: Path | str | None = None, env: dict[s
     """Like ``subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)``, from the fork server."""
     ctx = _context()
     argv = [sys.executable, "-m", module, *args]
+    env = child_environment(env)  # a session of its own, under pytest -n too
     if ctx is None:
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=input)
     with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
@@ -87,7 +90,7 @@ def python_m(module: str, *args: str, cwd: Path | str | None = None, env: dict[s
         if input is not None:
             stdin = Path(tmp, "in")
             stdin.write_text(input)
-        p = ctx.Process(target=_child, args=(module, list(args), str(Path(cwd or os.getcwd()).resolve()), dict(os.environ if env is None else env),
+        p = ctx.Process(target=_child, args=(module, list(args), str(Path(cwd or os.getcwd()).resolve()), env,
                                              str(out), str(err), None if stdin is None else str(stdin)))
         p.start()
         p.join(timeout)

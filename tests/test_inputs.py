@@ -373,3 +373,25 @@ def test_this_checkouts_package_is_accepted():
 
     assert package_elsewhere(ROOT / "cheapinfer") is None
     assert package_elsewhere(ROOT / "cheapinfer" / ".." / "cheapinfer") is None
+
+
+# ----------------------------------------------------------------------------------------------
+# pytest -n: the suite's own checks in parallel, the claims never
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("paths", [(), ("claims",), ("claims/test_budget.py",), (".",), ("tests/test_budget_cli.py", "--claims", "KV-API")],
+                         ids=["testpaths", "claims", "one-claim-module", "checkout", "claims-option"])
+def test_workers_on_the_claims_are_a_usage_error(paths, tmp_path):
+    line = _one_line(_pytest("-n", "2", "-q", *paths, tmp_path=tmp_path), 4)
+    assert line == ("ERROR: -n: the claims are measured one at a time in one process, never beside other workers: run the suite's "
+                    "own checks in parallel and the claims alone (pytest -n 2 tests && pytest claims)")
+
+
+def test_the_suites_own_checks_run_on_workers_and_their_children_are_sessions_of_their_own(tmp_path):
+    run = _pytest("-n", "2", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
+    assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    from cheapinfer.runtime import cli
+
+    worker = {"PATH": "/bin", "PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2", "PYTEST_XDIST_TESTRUNUID": "x"}
+    assert cli.child_environment(worker) == {"PATH": "/bin"}  # else a child pytest would time nothing (pytest-benchmark)

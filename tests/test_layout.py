@@ -302,3 +302,14 @@ def test_the_tox_environments_python_lines_run_on_this_package():
     for code in codes:
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert run.returncode == 0, f"tox.ini's `python -c {code[:80]}...` fails here:\n{run.stderr[-2000:]}"
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """.ci/run ends with the README's test command, the second command block of the README, character for character."""
+    import re
+
+    blocks = re.findall(r"```sh\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)
+    command = blocks[1].strip()
+    assert command.startswith("pip install -e '.[test]' && ")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == command

@@ -39,6 +39,11 @@ def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> 
     os.dup2(fd, 2)
     code = 3
     try:
+        from cheapinfer.runtime.cli import child_environment
+
+        kept = child_environment()  # a session of its own, whoever forked the server
+        os.environ.clear()
+        os.environ.update(kept)
         if threads:
             import torch
 
@@ -107,13 +112,14 @@ def pytest_run(args: list[str], root: Path, threads: int | None, timeout: float,
     The process is tracked while it runs: :func:`halt` kills it. On any exception here (SIGTERM in the
     thread that waits for it) it is killed before the exception goes on.
     """
-    import os
     import subprocess
     import sys
 
+    from cheapinfer.runtime.cli import child_environment
+
     ctx = _fork_context()
     if ctx is None:  # no fork here: a fresh interpreter per run
-        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+        env = {**child_environment(), **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
         proc = _started(lambda: subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=root, stdout=subprocess.PIPE,
                                                  stderr=subprocess.PIPE, text=True, env=env))
         try:

@@ -28,7 +28,6 @@ records and text and are tested on made-up ones (``tests/test_matrix.py``).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -41,7 +40,7 @@ from . import registry
 from .schema import ClaimEntry, ResultEntry, read_record
 from .compare import shape_bound
 from .record import is_harness_error
-from ..runtime.cli import Terminated, terminate  # SIGTERM as an exception, as the fault runner takes it
+from ..runtime.cli import Terminated, child_environment, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
 from .report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
 from .tables import machine_label, markdown_table
@@ -314,7 +313,7 @@ def claims_run(command: Command, run: Runner, report_dir: Path, claims: list[str
 def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner,
                echo: Callable[[str], None] = print, base_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``claims`` under each of ``families`` and build the matrix (as written to ``isa/matrix.json``)."""
-    base_env = dict(os.environ if base_env is None else base_env)
+    base_env = child_environment(base_env)
     started = time.monotonic()
     own = kernel_families.probe(kernel_families.family_env(kernel_families.FAMILIES["default"], base_env))
     out_families: dict[str, Any] = {}

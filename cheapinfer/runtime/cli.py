@@ -59,6 +59,17 @@ def timing_threads(environ: Mapping[str, str] = os.environ) -> int:
     return n
 
 
+#: What an xdist worker puts in its environment: a pytest started from it (a child run of the suite) would
+#: take itself for a worker too, and pytest-benchmark would then time nothing.
+_XDIST_PREFIX = "PYTEST_XDIST_"
+
+
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``environ`` (default: this process's) for a child pytest run, a session of its own: without the
+    variables of the xdist worker this process may be (the suite's own checks run under ``pytest -n 2 tests``)."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith(_XDIST_PREFIX)}
+
+
 class Terminated(Exception):
     """SIGTERM reached a command that runs others (``faults``, ``verify --isa-matrix``): it cleans up and exits."""
 
