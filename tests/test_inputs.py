@@ -295,6 +295,24 @@ def test_the_twin_follows_its_option_and_else_the_device():
         models.claim_dtype("fast", "cpu")
 
 
+def test_a_16_bit_twin_is_refused_on_a_cpu_and_taken_on_cuda():
+    for dtype in (None, "fp32"):
+        assert models.unusable_twin_dtype(dtype, "cpu") is None
+    for dtype in ("fp16", "bf16", "fp32"):
+        assert models.unusable_twin_dtype(dtype, "cuda") is None
+    for dtype in ("fp16", "bf16"):
+        assert models.unusable_twin_dtype(dtype, "cpu").startswith(f"{dtype}: on a CPU the twin runs in fp32")
+
+
+def test_a_16_bit_twin_on_a_cpu_is_one_line_and_a_usage_error(tmp_path):
+    """Its clocked verdicts would be the CPU's kernels read as errata of the book (``models.unusable_twin_dtype``)."""
+    run = _pytest("--device", "cpu", "--twin-dtype", "bf16", "--co", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert lines == ["ERROR: --twin-dtype " + models.unusable_twin_dtype("bf16", "cpu")], run.stderr
+    assert not list(tmp_path.iterdir())  # no record written
+
+
 def test_the_options_module_imports_nothing_heavy():
     """pytest imports every entry point at its start, for any project: no torch there."""
     code = "import sys, cheapinfer.harness.pytest_options; print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"

@@ -30,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--book-model", metavar="PATH", default=None, help="local copy of Qwen2.5-0.5B-Instruct (or base); default: the Hugging Face cache, offline")
     g.addoption("--book-variant", choices=("instruct", "base"), default="instruct", help="which book model to look up in the Hugging Face cache (default: instruct)")
     g.addoption("--device", default="auto", help="auto | cpu | cuda[:N] (default auto: CUDA when present)")
-    g.addoption("--twin-dtype", choices=TWIN_DTYPES, default=None, help="dtype of the twin profile for timing claims (default: fp16 on CUDA, as in the book; fp32 on a CPU)")
+    g.addoption("--twin-dtype", choices=TWIN_DTYPES, default=None, help="dtype of the twin profile for timing claims (default: fp16 on CUDA, as in the book; fp32 on a CPU, the only dtype a CPU takes: its clocked bounds are derived for fp32)")
     g.addoption("--corpus", metavar="PATH", default=None, help="plain-text English prose for perplexity (default: the pinned public-domain corpus)")
     g.addoption("--report-dir", metavar="DIR", default=None, help="where run.json and errata.md are written (default: reports/ of the checkout)")
     g.addoption("--perturb", metavar="ID", action="append", default=[], help="move this claim's book values beyond tolerance, to see the comparator turn it red (repeatable)")

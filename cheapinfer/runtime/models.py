@@ -120,8 +120,9 @@ def serving_dtype(device: str | torch.device) -> str:
 
 #: Each purpose a claim runs a model for, and the rule :func:`claim_dtype` applies to it.
 DTYPE_RULES = {
-    "twin": "--twin-dtype where given; else fp16 on CUDA (the book ran its twin in fp16 on its GPU) and fp32 on a CPU, which has no "
-            "fast fp16 matrix product",
+    "twin": "--twin-dtype where given (on CUDA: a CPU refuses a 16-bit twin, unusable_twin_dtype says why); else fp16 on CUDA (the book "
+            "ran its twin in fp16 on its GPU) and fp32 on a CPU, the dtype the twin's clocked bounds are derived for: a CPU emulates fp16 "
+            "products, and in bf16 its own kernels, not the bytes the book counts, set the timings",
     "serving": "the dtype the book's model is served in on this device (serving_dtype): fp16 on CUDA; on a CPU bf16 where its allowed "
                "kernels compute bf16 natively, else fp32",
     "four-byte": "fp32, the four-byte weights the book's smaller formats are compared against",
@@ -150,6 +151,24 @@ def claim_dtype(purpose: str, device: str | torch.device, requested: str | None 
     if purpose == "printed":
         return "fp16"
     raise ValueError(f"no dtype rule for the purpose {purpose!r}; the rules: {', '.join(DTYPE_RULES)}")
+
+
+def unusable_twin_dtype(requested: str | None, device: str | torch.device) -> str | None:
+    """Why ``--twin-dtype requested`` cannot time the twin's claims on ``device``, or None.
+
+    On a CPU the twin runs in fp32: the bounds of its clocked claims are derived from fp32 bytes and a CPU's
+    fp32 arithmetic (their ``why``s). In a 16-bit dtype the CPU's own kernels set the timings: the bf16 twin on an
+    AVX512-BF16 CPU (one thread, as timed) stepped at 1,024 cached tokens in 1.42x the time of a step at 16, 31 ms of
+    its 110 in torch's CPU flash-attention kernel (about 3 GFLOP/s on a one-query decode), and cached generation of
+    48 tokens came out 1.69x faster than recomputation; in fp32 the same runs give 1.02x and 3.87x. Those verdicts
+    would read as errata of the book, so the setting is refused."""
+    if requested in (None, "fp32") or torch.device(device).type != "cpu":
+        return None
+    return (f"{requested}: on a CPU the twin runs in fp32, the dtype its clocked claims' bounds are derived for; in {requested} "
+            "the CPU's own kernels set its timings, not the bytes the book counts (bf16 on an AVX512-BF16 CPU: a decode step at "
+            "1,024 tokens took 1.42x the step at 16, 31 ms of its 110 in the attention kernel, and the 48-token speedup fell to "
+            "1.69x), which the report would list as errata of the book. Leave --twin-dtype out on a CPU: fp16 and bf16 are the "
+            "twin's dtypes on CUDA")
 
 
 class BookModelError(ValueError):
