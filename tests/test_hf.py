@@ -166,3 +166,28 @@ def test_pinned_tokenizer_conventions_are_read_back(stand_in):
     got = hf.tokenizer_conventions(stand_in.tokenizer)
     assert got == {"adds_bos": False, "adds_eos": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
     assert stand_in.model.generation_config.eos_token_id == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# the speculative loop rolls its caches back with Cache.crop, and proves it did
+# ------------------------------------------------------------------------------------------------
+
+
+def test_the_speculative_loop_emits_the_targets_greedy_tokens_and_stops_in_one_line_where_crop_keeps_what_it_fed():
+    """In float64 (no near-ties between a one-position and a several-position pass) a draft that disagrees with the target
+    still yields the target's own greedy tokens; with the installed ``Cache.crop`` made a no-op the loop stops at the
+    first rejected proposal with the cause, not later with a shape error on an empty feed."""
+    from unittest import mock
+
+    from transformers import DynamicCache
+
+    from cheapinfer.chapter import speculative as spec
+
+    target, draft = _tiny().double(), _tiny(layers=1).double()
+    prompt = torch.randint(0, 97, (5,), generator=torch.Generator().manual_seed(2)).tolist()
+    plain = spec.generate(target, prompt, 12, stop_at_eos=False)
+    run = spec.generate(target, prompt, 12, draft=draft, gamma=3, stop_at_eos=False)
+    assert run.tokens == plain.tokens and run.accepted < run.proposed  # the draft was rejected somewhere: the caches were cropped
+    with mock.patch.object(DynamicCache, "crop", lambda self, *a, **k: None), \
+            pytest.raises(RuntimeError, match=r"^the speculative loop's caches were not rolled back: cropped to \d+ tokens, the target's holds \d+"):
+        spec.generate(target, prompt, 12, draft=draft, gamma=3, stop_at_eos=False)

@@ -259,11 +259,24 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
         _crop_to(t_cache, len(seq) - 1)
         if d_cache is not None:
             _crop_to(d_cache, len(seq) - 1)
+        _check_rolled_back(t_cache, d_cache, len(seq) - 1)
         if kept[-1] in eos:
             run.ended_at_eos = True
             break
     run.tokens = seq[start:]
     return run
+
+
+def _check_rolled_back(t_cache, d_cache, kept: int) -> None:
+    """The loop's invariant after each pass: the target's cache holds the kept sequence but its last token, the draft's
+    no more. A cache whose crop keeps what it was fed (a release's crop that silently does nothing) breaks it; the loop
+    stops here with that cause rather than later, on an empty feed, with a shape error that names neither."""
+    held = t_cache.get_seq_length()
+    drafted = d_cache.get_seq_length() if d_cache is not None else 0
+    if held != kept or drafted > kept:
+        raise RuntimeError(f"the speculative loop's caches were not rolled back: cropped to {kept} tokens, the target's holds {held}"
+                           + (f" and the draft's {drafted}" if d_cache is not None else "")
+                           + " (the installed transformers' Cache.crop kept what it was fed)")
 
 
 def generate_traced(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: int = 4, stop_at_eos: bool = True) -> Run:

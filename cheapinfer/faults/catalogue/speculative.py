@@ -305,3 +305,17 @@ def _dist_prompt_ends_in_eos():
 
     with patched(distill, "next_token_logits", lambda model, tokenizer, prompt=distill.MILK_PROMPT: real(model, EosAppended(tokenizer), prompt)):
         yield
+
+
+@fault(
+    "cache-crop-does-nothing",
+    section="SPEC",
+    kind=DISABLED,
+    targets=("SPEC-VERIFY-COST",),
+    what="a transformers release leaves the cache's crop a silent no-op (a layer type that does not implement it returns without a word): the repeatable verification pass scores after a history that grows by every call; the speculative loop keeps the proposals its target rejected and stops at the first one with a line naming the crop (its claims fail before a verdict); the repeatable decode steps drift a token a call, which their claims do not notice",
+)
+def _cache_crop_does_nothing():
+    from transformers import DynamicCache
+
+    with patched(DynamicCache, "crop", lambda self, *args, **kwargs: None):
+        yield
