@@ -345,8 +345,6 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
     ids = kv_evidence.random_ids(P, profile.device)
     with torch.inference_mode():
         cache = kv.returned_cache(profile.model(ids, use_cache=True))
-    evidence = kv_evidence.decode_step_evidence(profile.model, cache, P)
-    claim.note(f"the timed decode step, traced once: {kv_evidence.describe(evidence)}")
 
     def quantities(t):  # one set of times -> the claim's clocked quantities (the absolute times are reported, never asserted)
         per_token = t["prefill"] / P
@@ -354,6 +352,8 @@ def test_decode_costs_more_per_token_than_prefill(claim, profile, timed):
 
     samples = timed({"prefill": kv.prefill(profile.model, ids), "decode": kv.decode_step(profile.model, cache, P)}, rounds=5, warmup=1,
                     quantities=quantities, forwards_of=profile.model)
+    evidence = kv_evidence.decode_step_evidence(profile.model, cache, P)  # after the timed steps: their cache is back at P
+    claim.note(f"the timed decode step, traced once after its timed rounds: {kv_evidence.describe(evidence)}")
     prefill_per_token = samples["prefill"].median / P
     decode = samples["decode"].median
     claim.table(f"Prefill vs decode ({profile.name}, {P}-token prompt, median of {len(samples['decode'].seconds)} interleaved rounds)",
@@ -370,13 +370,13 @@ def test_decode_step_is_flat_in_context(claim, twin, timed):
     """KV-DECODE-FLAT: "one decode step at context 16 vs 1,024 (64x history) costs nothing measurable more"."""
     contexts = (16, 128, 512, 1024)
     caches = {C: kv.random_cache(twin.config, C, twin.dtype, twin.device) for C in contexts}
-    traced = [kv_evidence.decode_step_evidence(twin.model, caches[C], C) for C in (contexts[0], contexts[-1])]
-    evidence = {"cache_grows_by_one": all(e["cache_grows_by_one"] for e in traced),
-                "logit_change_vs_no_context": min(e["logit_change_vs_no_context"] for e in traced)}
-    claim.note(f"the timed steps at C = {contexts[0]} and {contexts[-1]}, traced once: {kv_evidence.describe(evidence)}")
     steps = {C: kv.decode_step(twin.model, caches[C], C) for C in contexts}
     ratio = lambda t: {"step_ratio": t[f"C={contexts[-1]}"] / t[f"C={contexts[0]}"]}  # noqa: E731  one set of times -> the claim's quantity
     samples = timed({f"C={C}": steps[C] for C in contexts}, rounds=7, warmup=1, quantities=ratio, forwards_of=twin.model)
+    traced = [kv_evidence.decode_step_evidence(twin.model, caches[C], C) for C in (contexts[0], contexts[-1])]  # after the timed steps
+    evidence = {"cache_grows_by_one": all(e["cache_grows_by_one"] for e in traced),
+                "logit_change_vs_no_context": min(e["logit_change_vs_no_context"] for e in traced)}
+    claim.note(f"the timed steps at C = {contexts[0]} and {contexts[-1]}, traced once after their timed rounds: {kv_evidence.describe(evidence)}")
     ms = [samples[f"C={C}"].median * 1e3 for C in contexts]
     claim.table(f"One decode step vs context C (twin {twin.dtype}, {twin.device}, median of 7 rounds)",
                 ["C", "ms per step", "vs C=16"], [[C, f"{m:.1f}", f"{m / ms[0]:.3f}"] for C, m in zip(contexts, ms)])
@@ -391,10 +391,8 @@ def test_decode_step_is_flat_in_context(claim, twin, timed):
 def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
     """KV-DECODE-MEMBOUND: a decode step is dominated by "dragging half a billion weights through the memory bus"."""
     C = 16
-    cache = kv.random_cache(twin.config, C, twin.dtype, twin.device)
-    evidence = kv_evidence.decode_step_evidence(twin.model, cache, C)
-    claim.note(f"the timed step, traced once: {kv_evidence.describe(evidence)}")
-    step = kv.decode_step(twin.model, cache, C)
+    kv_cache = kv.random_cache(twin.config, C, twin.dtype, twin.device)
+    step = kv.decode_step(twin.model, kv_cache, C)
     probe = accel.stream_bytes(twin.device)
     copy, copy_bytes = accel.copy_callable(probe, twin.device)
     read, read_bytes = accel.read_callable(probe, twin.device)
@@ -408,6 +406,8 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
 
     samples = timed({"decode": step, "copy": copy, "read": read}, rounds=7, warmup=1, quantities=quantities, forwards_of=twin.model,
                     uncounted=("copy", "read"))
+    evidence = kv_evidence.decode_step_evidence(twin.model, kv_cache, C)  # after the timed steps: their cache is back at C
+    claim.note(f"the timed step, traced once after its timed rounds: {kv_evidence.describe(evidence)}")
     found = timing.estimates(samples, quantities)
     claim.table(f"Decode step as memory traffic (twin {twin.dtype}, {twin.device}, median of {len(samples['decode'].seconds)} interleaved rounds)",
                 ["quantity", "value"], [

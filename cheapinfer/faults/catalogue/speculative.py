@@ -311,8 +311,8 @@ def _dist_prompt_ends_in_eos():
     "cache-crop-does-nothing",
     section="SPEC",
     kind=DISABLED,
-    targets=("SPEC-VERIFY-COST",),
-    what="a transformers release leaves the cache's crop a silent no-op (a layer type that does not implement it returns without a word): the repeatable verification pass scores after a history that grows by every call; the speculative loop keeps the proposals its target rejected and stops at the first one with a line naming the crop (its claims fail before a verdict); the repeatable decode steps drift a token a call, which their claims do not notice",
+    targets=("SPEC-VERIFY-COST", "KV-PREFILL-DECODE", "KV-DECODE-FLAT", "KV-DECODE-MEMBOUND", "BAT-1-TO-16"),
+    what="a transformers release leaves the cache's crop a silent no-op (a layer type that does not implement it returns without a word): the repeatable verification pass and decode steps are timed against a history that grows by every call; the speculative loop keeps the proposals its target rejected and stops at the first one with a line naming the crop (its claims fail before a verdict)",
 )
 def _cache_crop_does_nothing():
     from transformers import DynamicCache
