@@ -357,12 +357,13 @@ def decode_steps(models: Mapping[str, object], timed: Callable, probe_bytes: int
     from ..runtime.evidence import traced
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
-    evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}
     device = next(next(iter(models.values())).parameters()).device
     (copy_fn, moved), (read_fn, read) = copy_callable(probe_bytes, device), read_callable(probe_bytes, device)
     assert read == probe_bytes and moved == 2 * probe_bytes, "over_read(), headroom() and the caller's cache check count each probe as probe_bytes"
     variants = {**steps, **{resident_name(name): resident_callable(m) for name, m in models.items()}, COPY: copy_fn, READ: read_fn}
     samples = timed(variants, rounds=rounds, warmup=warmup) if quantities is None else timed(variants, rounds=rounds, warmup=warmup, quantities=quantities)
+    # Traced after the timed calls: the trace's history then proves they left each cache at ``context``.
+    evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}
     bw, rbw = moved / samples[COPY].median, read / samples[READ].median
     steps = {name: Step(name, streamed_bytes(m), samples[name].median, bw, evidence[name], rbw) for name, m in models.items()}
     return steps, samples
