@@ -63,6 +63,31 @@ def test_the_keyword_check_sees_a_direct_cache_keyword(tmp_path):
     assert [f.split(": ", 1)[1] for f in found] == ["model(..., cache=...)", "self.model(..., past_key_values=...)", "model.generate(..., cache=...)"]
 
 
+#: The one call of ``.crop`` outside cheapinfer.runtime.hf: the suite's own paged layer hands a crop to its own cache.
+OWN_CROPS = {("cheapinfer/chapter/paging.py", "self.owner.crop")}
+
+
+def _direct_crops(path: Path, root: Path = ROOT) -> list[str]:
+    rel = path.relative_to(root).as_posix()
+    return sorted({f"{rel}:{node.lineno}: {ast.unparse(node.func)}(...)" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "crop"
+                   and ast.unparse(node.func) != "hf.crop" and (rel, ast.unparse(node.func)) not in OWN_CROPS})
+
+
+def test_no_module_crops_a_cache_directly():
+    """Every crop of a transformers cache goes through hf.crop(cache, length): ``Cache.crop``'s argument changed meaning
+    between releases (a length in 4.x, minus the positions to remove in 5.x; both take a negative count), and hf.crop
+    holds the one spelling of it. The suite's own tests of the installed method may call it."""
+    offenders = [line for path in _sources() if not path.is_relative_to(ROOT / "tests") for line in _direct_crops(path)]
+    assert not offenders, "crop a cache through cheapinfer.runtime.hf.crop(cache, length):\n" + "\n".join(offenders)
+
+
+def test_the_crop_check_sees_a_direct_crop(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def step(cache, n):\n    cache.crop(-1)\n    hf.crop(cache, n)\n    self.owner.crop(n)\n")
+    assert [f.split(": ", 1)[1] for f in _direct_crops(bad, tmp_path)] == ["cache.crop(...)", "self.owner.crop(...)"]
+
+
 def _tiny(layers: int = 2):
     from transformers import Qwen2Config
 

@@ -49,7 +49,7 @@ def decode_step(model, batch: int, context: int = 64, seed: int = SEED) -> Calla
     def step() -> torch.Tensor:
         with torch.inference_mode():
             out = step_forward(model, ids, cache, positions)
-            cache.crop(-1)  # back to ``context`` tokens
+            hf.crop(cache, context)  # back to ``context`` tokens: drop the token the step appended
             return out.logits[:, -1].argmax(-1)  # [B]
 
     return step

@@ -229,7 +229,7 @@ def decode_step(model, cache, context: int) -> Callable[[], object]:
 
     def step():
         cached_forward(model, one, cache)
-        cache.crop(context - cache.get_seq_length())  # negative: drop the step's entry (both old and new transformers)
+        hf.crop(cache, context)  # drop the step's entry
 
     return step
 
