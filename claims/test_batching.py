@@ -301,6 +301,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         prediction_error=v.throughput_error,
         fresh_row_change_vs_no_context=v.evidence["continuous"]["fresh_row_change_vs_no_context"],
         fresh_rows_traced=v.evidence["continuous"]["fresh_rows_traced"],
+        probe_history_tokens=v.evidence["probe"]["history_tokens"],
     )
 
 
