@@ -49,7 +49,7 @@ def test_compare_a_perturbed_value_exits_1_naming_the_claim(tmp_path, capsys):
     result = after["claims"]["KV-SPEEDUP-48"]["results"][0]
     for chk in result["checks"]:
         if chk["q"] == "speedup":
-            chk["measured"] *= 0.5  # still > 1 (shape holds), but half the speedup: beyond the 25% band
+            chk["measured"] *= 0.5  # half the speedup, beyond the 25% band and below its bound > 2: a regression, whatever its noise
     assert cmp.compare_cli([str(RECORD), str(save(after, tmp_path / "after"))]) == 1
     out = capsys.readouterr().out
     assert "REGRESSION  KV-SPEEDUP-48 [twin] speedup: 3.47 -> 1.735" in out
@@ -221,8 +221,12 @@ def _with_se(speedup: float, se: float) -> dict:
 
 
 def test_a_noisy_value_moved_within_three_combined_standard_errors_is_no_regression():
-    """speedup 4.0 -> 2.4 (-40%, toward > 2): a regression where the two runs' standard errors are small, noise where they are not."""
-    assert [(c.what, c.regression) for c in cmp.compare(_with_se(4.0, 0.05), _with_se(2.4, 0.05))] == [("speedup", True)]
+    """speedup 4.0 -> 2.4 (-40%, toward > 2): a change where the two runs' standard errors are small, nothing where they are
+    not. Never a regression while the verdict holds: those errors are one process's rounds, and two processes of one
+    environment differ by more (KV-HEAD-TIMING 840 and 1,520); only a verdict change decides."""
+    [change] = cmp.compare(_with_se(4.0, 0.05), _with_se(2.4, 0.05))
+    assert (change.what, change.regression, change.reason) == ("speedup", False, cmp.BETWEEN_PROCESSES_REASON)
+    assert "rerun the claim on both sides" in change.line() and change.line().startswith("changed")
     def moved(before, after):
         return [c for c in cmp.compare(before, after) if c.what == "speedup"]  # the verdict may turn inconclusive: a change, reported apart
 

@@ -18,7 +18,11 @@ moved beyond its tolerance, and exits 1 on a regression:
   is printed as a change, not a regression. The shape values are ratios
   of medians of interleaved rounds; 25% is a stated margin for their run-to-run noise on a shared
   machine, not a measured one. Tighten it on a quiet, dedicated CI runner; widen it when comparing
-  machines of different kinds.
+  machines of different kinds. A clocked value recorded with its standard error in both runs moves
+  only beyond that band and 3 combined standard errors; and since those errors are one process's
+  spread of rounds, which two processes of one environment have exceeded (KV-HEAD-TIMING: 840 and
+  1,520 in two runs of one commit), such a move is printed as a change with that reason, not a
+  regression, while the value still holds its bound: its verdict, compared apart, is what decides.
 
 Every change to *not run* is printed with its reason; one whose test raised before a verdict is a
 *harness error* (the suite or a library broke, not the claim) and is listed apart from the claims that
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -166,7 +171,19 @@ def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape
     op, bound = shape
     toward = b < a if op in (">", ">=") else b > a
     side = "toward" if toward else "away from"
+    holds = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}[op](b, bound)
+    if noise and toward and asserted and holds:  # beyond each run's noise of rounds, which says nothing of the spread between processes
+        return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", False, BETWEEN_PROCESSES_REASON)
     return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", toward and asserted)
+
+
+#: Why a clocked value that moved toward its bound beyond both runs' standard errors is still no regression (its verdict,
+#: compared apart, held): those errors are the spread of one process's rounds. Two runs of one commit on one set of
+#: libraries have differed by more, by a property of the process (KV-HEAD-TIMING's recompute step at n = 4,096 takes
+#: 90 ms in some processes and 160 to 176 ms in others, each steady within itself), so one run per side cannot tell a
+#: library's effect from the process's. Reruns of the claim on both sides can.
+BETWEEN_PROCESSES_REASON = ("beyond each run's noise of rounds, not beyond the spread between two processes, which one run per side "
+                            "cannot measure: rerun the claim on both sides before calling it the library's")
 
 
 def _release_bound(q: str, claim: ClaimEntry, before: RunRecord, after: RunRecord) -> str:
