@@ -216,3 +216,29 @@ def test_the_speculative_loop_emits_the_targets_greedy_tokens_and_stops_in_one_l
     with mock.patch.object(DynamicCache, "crop", lambda self, *a, **k: None), \
             pytest.raises(RuntimeError, match=r"^the speculative loop's caches were not rolled back: cropped to \d+ tokens, the target's holds \d+"):
         spec.generate(target, prompt, 12, draft=draft, gamma=3, stop_at_eos=False)
+
+
+def test_a_speculative_loop_whose_target_cache_is_swallowed_runs_on_and_its_trace_says_so():
+    """A target handed its cache under a keyword the model swallows (4.x and ``cache=``) leaves the cache empty: that is no
+    failed rollback. The loop runs on, every pass recomputing the whole sequence, still emits the target's greedy tokens,
+    and its trace reports the target's forwards as run without a cache, which makes its claims deviate."""
+    from cheapinfer.chapter import speculative as spec
+    from cheapinfer.faults.catalogue.common import MISSPELLED_HF
+
+    target, draft = _tiny().double(), _tiny(layers=1).double()
+    prompt = torch.randint(0, 97, (5,), generator=torch.Generator().manual_seed(2)).tolist()
+    plain = spec.generate(target, prompt, 12, stop_at_eos=False)
+    real_forward = spec._forward
+
+    def forward(model, tokens, cache, keep):
+        if model is not target:
+            return real_forward(model, tokens, cache, keep)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(spec, "hf", MISSPELLED_HF)
+            return real_forward(model, tokens, cache, keep)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(spec, "_forward", forward)
+        run = spec.generate_traced(target, prompt, 12, draft=draft, gamma=3, stop_at_eos=False)
+    assert run.tokens == plain.tokens
+    assert run.evidence["target"]["cache_grows_by_fed"] is False and run.evidence["draft"]["cache_grows_by_fed"] is True

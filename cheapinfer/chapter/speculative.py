@@ -268,12 +268,16 @@ def generate(target, prompt: Sequence[int], new_tokens: int, draft=None, gamma: 
 
 
 def _check_rolled_back(t_cache, d_cache, kept: int) -> None:
-    """The loop's invariant after each pass: the target's cache holds the kept sequence but its last token, the draft's
-    no more. A cache whose crop keeps what it was fed (a release's crop that silently does nothing) breaks it; the loop
-    stops here with that cause rather than later, on an empty feed, with a shape error that names neither."""
+    """The loop's invariant after each pass: neither cache holds more than the kept sequence but its last token. A cache
+    whose crop keeps what it was fed (a release's crop that silently does nothing) breaks it; the loop stops here with
+    that cause rather than later, on an empty feed, with a shape error that names neither.
+
+    A cache that holds less was not filled: its forwards were handed it under a keyword the model swallowed (what 4.x
+    did with ``cache=``). The loop then runs on, each pass without its history, and the trace of its forwards
+    (``Run.evidence``) makes its claims deviate; stopping here would turn that verdict into an error before one."""
     held = t_cache.get_seq_length()
     drafted = d_cache.get_seq_length() if d_cache is not None else 0
-    if held != kept or drafted > kept:
+    if held > kept or drafted > kept:
         raise RuntimeError(f"the speculative loop's caches were not rolled back: cropped to {kept} tokens, the target's holds {held}"
                            + (f" and the draft's {drafted}" if d_cache is not None else "")
                            + " (the installed transformers' Cache.crop kept what it was fed)")
