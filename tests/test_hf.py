@@ -223,19 +223,15 @@ def test_a_speculative_loop_whose_target_cache_is_swallowed_runs_on_and_its_trac
     failed rollback. The loop runs on, every pass recomputing the whole sequence, still emits the target's greedy tokens,
     and its trace reports the target's forwards as run without a cache, which makes its claims deviate."""
     from cheapinfer.chapter import speculative as spec
-    from cheapinfer.faults.catalogue.common import MISSPELLED_HF
+    from cheapinfer.faults.catalogue.common import misspelled_while
 
     target, draft = _tiny().double(), _tiny(layers=1).double()
     prompt = torch.randint(0, 97, (5,), generator=torch.Generator().manual_seed(2)).tolist()
     plain = spec.generate(target, prompt, 12, stop_at_eos=False)
-    real_forward = spec._forward
+    real_forward, swallowed = spec._forward, misspelled_while(spec, spec._forward)
 
-    def forward(model, tokens, cache, keep):
-        if model is not target:
-            return real_forward(model, tokens, cache, keep)
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(spec, "hf", MISSPELLED_HF)
-            return real_forward(model, tokens, cache, keep)
+    def forward(model, tokens, cache, keep):  # the target's passes only: the draft keeps its cache
+        return (swallowed if model is target else real_forward)(model, tokens, cache, keep)
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(spec, "_forward", forward)

@@ -171,7 +171,7 @@ def run_policies(
     lengths: Sequence[int],
     slots: int,
     policies: Sequence[str] = ("static", "continuous"),
-    probe_context: int | None = None,
+    probe_context: int = PROBE_CONTEXT,
     seed: int = SEED,
     trace=None,
 ) -> tuple[dict[str, workload.PolicyResult], dict[int, list[float]]]:
@@ -188,7 +188,6 @@ def run_policies(
     :class:`cheapinfer.runtime.hf.ForwardTrace` of ``model``, whose label is set to the policy (or ``"probe"``)
     whose forward runs.
     """
-    probe_context = PROBE_CONTEXT if probe_context is None else probe_context
     prompts = torch.randint(0, model.config.vocab_size, (len(lengths),), generator=torch.Generator().manual_seed(seed)).tolist()
     unit = dict.fromkeys(range(1, slots + 1), 1.0)
     total = {p: workload.simulate(p, lengths, slots, unit).steps for p in policies}

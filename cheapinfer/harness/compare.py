@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -171,7 +170,7 @@ def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape
     op, bound = shape
     toward = b < a if op in (">", ">=") else b > a
     side = "toward" if toward else "away from"
-    holds = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}[op](b, bound)
+    holds = registry.OPS[op](b, bound)
     if noise and toward and asserted and holds:  # beyond each run's noise of rounds, which says nothing of the spread between processes
         return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", False, BETWEEN_PROCESSES_REASON)
     return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", toward and asserted)
