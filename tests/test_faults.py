@@ -209,7 +209,10 @@ def test_sigterm_stops_the_fault_runs_and_removes_their_temporary_directory(tmp_
     deadline = time.monotonic() + 120
     while not list(temp.glob("cheapinfer-faults-*/*/pytest.log")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    assert list(temp.glob("cheapinfer-faults-*/*/pytest.log")), "no fault run started"
+    if not list(temp.glob("cheapinfer-faults-*/*/pytest.log")):
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"no fault run started (the runner's exit status {proc.returncode}): {(out + err)[-3000:]}")
     time.sleep(1)
     assert len(_processes_with(marker)) >= 2  # the runner and the fault run's pytest
     proc.send_signal(signal.SIGTERM)
@@ -225,6 +228,22 @@ def test_sigterm_stops_the_fault_runs_and_removes_their_temporary_directory(tmp_
         time.sleep(0.2)
     assert _processes_with(marker) == []
 
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fork server")
+def test_the_fork_server_starts_under_a_temporary_directory_too_long_for_its_socket(tmp_path):
+    """Under a TMPDIR of 90 characters and more the fork server's socket path would pass the 107 bytes a Unix
+    socket binds to, and every fault run failed with a traceback ("AF_UNIX path too long"); the server now binds
+    under /tmp, and a process forked from it runs."""
+    long_dir = tmp_path / ("d" * max(1, 100 - len(str(tmp_path))))
+    long_dir.mkdir()
+    code = ("from cheapinfer.faults import child\n"
+            "child._PRELOAD = []  # the server alone, without torch\n"
+            "p = child._fork_context().Process(target=print, args=('forked',))\n"
+            "p.start(); p.join(); print('exit', p.exitcode)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(long_dir)})
+    assert out.returncode == 0 and out.stdout.split() == ["forked", "exit", "0"], out.stderr[-2000:]
 
 def test_a_halted_runner_starts_no_fault_run(monkeypatch):
     """After halt() (SIGTERM), a worker that was about to start a fault's pytest does not."""

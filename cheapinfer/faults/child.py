@@ -24,9 +24,35 @@ def _fork_context():
     import multiprocessing
 
     if _forks is None and "forkserver" in multiprocessing.get_all_start_methods():
+        _socket_directory()
         _forks = multiprocessing.get_context("forkserver")
         _forks.set_forkserver_preload(_PRELOAD)
     return _forks
+
+
+#: The longest path a Unix socket binds to (its sun_path holds 104 bytes on macOS and the BSDs, 108 on Linux, with the
+#: final NUL), and what multiprocessing appends to its temporary directory for the fork server's socket.
+_SOCKET_PATH_MAX, _SOCKET_SUFFIX = 103, len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+
+
+def _socket_directory() -> None:
+    """Make multiprocessing's temporary directory, which holds the fork server's socket, where the socket's path fits.
+
+    multiprocessing makes it under ``TMPDIR``; under a long one (a test's temporary directory, a deep home) the
+    server's bind fails ("AF_UNIX path too long") and every fault run with it (Python 3.13 falls back by itself).
+    There it is made under /tmp instead, and removed at exit as multiprocessing removes its own; the fault runs'
+    own files stay under ``TMPDIR``."""
+    import os
+    import tempfile
+    from multiprocessing import util
+
+    if len(os.fsencode(tempfile.gettempdir())) + _SOCKET_SUFFIX <= _SOCKET_PATH_MAX or not os.access("/tmp", os.W_OK | os.X_OK):
+        return
+    saved, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        util.get_temp_dir()  # made now, under /tmp, and kept for the process by multiprocessing
+    finally:
+        tempfile.tempdir = saved
 
 
 def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> None:
