@@ -234,6 +234,61 @@ def test_a_noisy_value_moved_within_three_combined_standard_errors_is_no_regress
     assert moved(_with_se(4.0, 0.05), _with_se(2.4, float("inf"))) == []  # an infinite error decides nothing
 
 
+
+def _processes(*speedups: float) -> list[dict]:
+    """One record per process (each its own run id), every speedup with a small standard error of its rounds."""
+    return [_with_se(x, 0.05) for x in speedups]
+
+
+def test_reruns_on_both_sides_judge_a_clocked_value_on_the_spread_between_processes():
+    """Three processes a side. 4.0, 4.2, 3.9 -> 2.6, 2.5, 2.7 (toward > 2, -35%): Welch's t-test rejects equal means far
+    below 0.27%, so it is a regression although the bound still holds. KV-HEAD-TIMING's kind of spread (one process at
+    twice another's value) on both sides hides a move of the first records as large: nothing is reported."""
+    (before, *more_before), (after, *more_after) = _processes(4.0, 4.2, 3.9), _processes(2.6, 2.5, 2.7)
+    [change] = [c for c in cmp.compare(before, after, reruns=(more_before, more_after)) if c.what == "speedup"]
+    assert change.regression and "Welch's t-test at level 0.27%" in change.tolerance and "toward the bound > 2" in change.tolerance
+    assert change.before == pytest.approx(4.0333, abs=1e-3) and change.after == pytest.approx(2.6) and "3.9 -> 2.6, 2.5, 2.7" in change.reason
+    assert cmp.compare(before, after) and cmp.compare(before, after)[0].reason == cmp.BETWEEN_PROCESSES_REASON  # one record a side: a change
+
+    (before, *more_before), (after, *more_after) = _processes(4.0, 7.6, 3.4), _processes(2.4, 6.9, 3.8)
+    assert [c for c in cmp.compare(before, after, reruns=(more_before, more_after)) if c.what == "speedup"] == []
+
+
+def test_a_side_with_one_process_keeps_the_rule_of_one_run_per_side():
+    """Reruns on one side only, or reruns that did not measure the claim, leave one process on a side: the move is a change."""
+    (before, *more_before), after = _processes(4.0, 4.1, 4.05), _with_se(2.4, 0.05)
+    [change] = [c for c in cmp.compare(before, after, reruns=(more_before, [])) if c.what == "speedup"]
+    assert (change.regression, change.reason) == (False, cmp.BETWEEN_PROCESSES_REASON)
+    unselected = built()
+    del unselected["claims"]["KV-SPEEDUP-48"]  # a rerun of another claim
+    [change] = [c for c in cmp.compare(before, after, reruns=(more_before, [unselected])) if c.what == "speedup"]
+    assert (change.regression, change.reason) == (False, cmp.BETWEEN_PROCESSES_REASON)
+
+
+def test_welch_p_of_values_that_do_not_vary():
+    assert cmp.welch_p([2.0, 2.0], [2.0, 2.0]) == 1.0 and cmp.welch_p([2.0, 2.0], [3.0, 3.0]) == 0.0
+    assert cmp.welch_p([1.0, 2.0, 3.0], [1.5, 2.5, 3.5]) > 0.5
+
+
+def test_reruns_through_the_command_line_and_what_they_refuse(tmp_path, capsys):
+    sides = {name: [save(r, tmp_path / f"{name}{i}") for i, r in enumerate(_processes(*values))]
+             for name, values in (("before", (4.0, 4.2, 3.9)), ("after", (2.6, 2.5, 2.7)))}
+    argv = [str(sides["before"][0]), str(sides["after"][0]), "--before-reruns", *map(str, sides["before"][1:]),
+            "--after-reruns", *map(str, sides["after"][1:])]
+    assert cmp.compare_cli(argv) == 1
+    out = capsys.readouterr().out
+    assert "(and 2 rerun(s): " in out and "REGRESSION  KV-SPEEDUP-48 [twin] speedup: 4.03333 -> 2.6" in out
+    assert cmp.compare_cli(argv[:2]) == 0  # one record a side: a change, no regression
+    capsys.readouterr()
+
+    twice = [*argv[:3], str(sides["before"][1]), str(sides["before"][1])]
+    other = save(_with_se(4.1, 0.05) | {"environment": {**ENV, "transformers": "4.57.6"}}, tmp_path / "other")
+    for bad, message in ((twice, "are the same run"), ([*argv[:3], str(other)], "is not a rerun of")):
+        with pytest.raises(SystemExit) as stop:
+            cmp.compare_cli(bad)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
 def test_a_value_an_erratum_stands_on_may_move_with_the_release_its_erratum_applies_to():
     """KV-API: `cache` on transformers 5.x, `past_key_values` on 4.x. Expected where the erratum's release range is crossed, a regression otherwise."""
     def kv_api(argument: str, transformers: str) -> dict:

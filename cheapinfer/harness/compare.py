@@ -23,11 +23,17 @@ moved beyond its tolerance, and exits 1 on a regression:
   spread of rounds, which two processes of one environment have exceeded (KV-HEAD-TIMING: 840 and
   1,520 in two runs of one commit), such a move is printed as a change with that reason, not a
   regression, while the value still holds its bound: its verdict, compared apart, is what decides.
+  ``--before-reruns`` and ``--after-reruns`` take more records of each side's environment (reruns of the
+  claims, e.g. ``pytest claims --claims ID --report-dir DIR``): a clocked value measured by at least two
+  processes on each side is then judged on the spread between processes, by Welch's t-test on the
+  processes' values at the verdicts' own level (0.27%, :data:`PROCESS_LEVEL`) and the band on their means,
+  and a move toward its bound beyond both is a regression (:func:`process_change`).
 
 Every change to *not run* is printed with its reason; one whose test raised before a verdict is a
 *harness error* (the suite or a library broke, not the claim) and is listed apart from the claims that
 changed. Exit status: 0 no regression, 1 regression (harness errors of a passing claim included), 2 usage
-error or a record that cannot be read or is ill-formed (one line): not JSON, another suite's record or a
+error or a record that cannot be read or is ill-formed (one line): a rerun of another environment than its
+side's, or one run given twice; not JSON, another suite's record or a
 schema this version does not read, a verdict it does not know (``registry.VERDICTS``), or a value it cannot
 read (an integer beyond the range of a float, text that is not Unicode).
 """
@@ -36,8 +42,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,7 @@ from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT
 from .tables import machine_label
 from . import schema
+from .processes import PROCESS_LEVEL, by_profile, check_reruns, finite, rerun_values, welch_p
 from .schema import ClaimEntry, RunRecord
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
@@ -84,16 +91,6 @@ class Change:
 
 def short_value(value: Any) -> str:
     return fmt(value) if not isinstance(value, (dict, list)) else json.dumps(value)
-
-
-def _by_profile(claim: ClaimEntry) -> dict[tuple[str, int], dict[str, Any]]:
-    """Results keyed by (profile, n): the n-th result of that profile (usually n = 0)."""
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    seen: Counter = Counter()
-    for r in claim.get("results", []):
-        out[(r["profile"], seen[r["profile"]])] = r
-        seen[r["profile"]] += 1
-    return out
 
 
 def _unselected(results: dict[tuple[str, int], dict[str, Any]]) -> bool:
@@ -182,7 +179,28 @@ def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape
 #: 90 ms in some processes and 160 to 176 ms in others, each steady within itself), so one run per side cannot tell a
 #: library's effect from the process's. Reruns of the claim on both sides can.
 BETWEEN_PROCESSES_REASON = ("beyond each run's noise of rounds, not beyond the spread between two processes, which one run per side "
-                            "cannot measure: rerun the claim on both sides before calling it the library's")
+                            "cannot measure: rerun the claim on both sides and give the reruns (--before-reruns, --after-reruns) "
+                            "before calling it the library's")
+
+
+def process_change(cid: str, profile: str, q: str, xs: list[float], ys: list[float], shape: tuple[str, float], band: float,
+                   asserted: bool) -> Change | None:
+    """A clocked value measured by several processes per side (``xs`` before, ``ys`` after, the records' first):
+    moved where the means differ by more than ``band`` (relative) and Welch's t-test rejects equal means at
+    :data:`PROCESS_LEVEL`. The spread between processes is measured here, not assumed: a move toward the bound on
+    an asserted check is a regression, whether or not the bound still holds; one away from it a change."""
+    a, b = statistics.fmean(xs), statistics.fmean(ys)
+    if not _moved(a, b, "rel", band):
+        return None
+    p = welch_p(xs, ys)
+    if not p < PROCESS_LEVEL:
+        return None
+    op, bound = shape
+    toward = b < a if op in (">", ">=") else b > a
+    side = "toward" if toward else "away from"
+    return Change(cid, profile, q, a, b, f"±{band:.0%} relative and Welch's t-test at level {PROCESS_LEVEL:.2%} (p = {p:.2g}), "
+                  f"{side} the bound {op} {fmt(bound)}", toward and asserted,
+                  f"means of {len(xs)} and {len(ys)} processes: {', '.join(fmt(x) for x in xs)} -> {', '.join(fmt(y) for y in ys)}")
 
 
 def _release_bound(q: str, claim: ClaimEntry, before: RunRecord, after: RunRecord) -> str:
@@ -208,8 +226,12 @@ def _describe(form: str, width: float) -> str:
     return f"±{width:.0%} relative"
 
 
-def compare(before: RunRecord, after: RunRecord, band: float = BAND) -> list[Change]:
-    """Differences from ``before`` to ``after``: verdict changes per profile and values moved beyond tolerance."""
+def compare(before: RunRecord, after: RunRecord, band: float = BAND,
+            reruns: tuple[list[RunRecord], list[RunRecord]] = ([], [])) -> list[Change]:
+    """Differences from ``before`` to ``after``: verdict changes per profile and values moved beyond tolerance.
+
+    ``reruns``: more records of each side's environment (see :func:`check_reruns`); they add processes to the clocked
+    values (:func:`process_change`), never verdicts: the verdicts compared are ``before``'s and ``after``'s."""
     changes: list[Change] = []
     ids = list(after["claims"]) + [cid for cid in before["claims"] if cid not in after["claims"]]
     for cid in ids:
@@ -217,7 +239,7 @@ def compare(before: RunRecord, after: RunRecord, band: float = BAND) -> list[Cha
         if a_claim is None or b_claim is None:  # a claim that vanished is a regression; a new one is a change
             changes.append(Change(cid, "-", CLAIM, a_claim["verdict"] if a_claim else "absent", b_claim["verdict"] if b_claim else "absent", "", b_claim is None))
             continue
-        a_results, b_results = _by_profile(a_claim), _by_profile(b_claim)
+        a_results, b_results = by_profile(a_claim), by_profile(b_claim)
         if _unselected(a_results) or _unselected(b_results):
             # No test, or its test was not selected in one of the runs: nothing per profile to compare.
             if a_claim["verdict"] != b_claim["verdict"]:
@@ -242,7 +264,12 @@ def compare(before: RunRecord, after: RunRecord, band: float = BAND) -> list[Cha
                     continue
                 done.add(q)
                 form, width = _tolerance(q, b_claim, band)
-                if form == "rel" and shape_bound(q, b_claim) is not None:
+                # A clocked value (its standard error in both records) measured by two processes or more on each side.
+                xs, ys = ([finite(m)] + rerun_values(side, cid, key, q) for m, side in ((a_measured[q], reruns[0]), (chk["measured"], reruns[1])))
+                clocked = a_se.get(q) is not None and chk.get("se") is not None and None not in (xs[0], ys[0])
+                if form == "rel" and shape_bound(q, b_claim) is not None and clocked and len(xs) >= 2 and len(ys) >= 2:
+                    change = process_change(cid, key[0], q, xs, ys, shape_bound(q, b_claim), band, chk.get("asserted", True))
+                elif form == "rel" and shape_bound(q, b_claim) is not None:
                     change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], shape_bound(q, b_claim), band, chk.get("asserted", True),
                                            (a_se.get(q), chk.get("se")))
                 elif _moved(a_measured[q], chk["measured"], form, width):
@@ -318,13 +345,20 @@ def compare_cli(argv: list[str]) -> int:
     )
     p.add_argument("before", type=Path, help="run.json, or the report directory holding it (e.g. reports)")
     p.add_argument("after", type=Path, help="run.json, or the report directory holding it (e.g. reports/latest)")
+    p.add_argument("--before-reruns", type=Path, nargs="+", default=[], metavar="RECORD",
+                   help="more run records of BEFORE's environment (reruns of its claims): clocked values are then judged on the spread between processes")
+    p.add_argument("--after-reruns", type=Path, nargs="+", default=[], metavar="RECORD", help="the same for AFTER")
     p.add_argument("--band", type=finite_number("a number", positive=False, hint="a relative band, e.g. 0.25"), default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
     p.add_argument("--verdicts-only", action="store_true", help="a value that moved is printed but is not a regression; only verdicts decide the exit status")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     args = p.parse_args(argv)
     before, after = read_record(p.prog, args.before), read_record(p.prog, args.after)
+    reruns = ([read_record(p.prog, path) for path in args.before_reruns], [read_record(p.prog, path) for path in args.after_reruns])
+    problem = check_reruns((before, after), reruns, (args.before, args.after), (args.before_reruns, args.after_reruns))
+    if problem:
+        usage_error(p.prog, problem)
     try:
-        changes = annotate(compare(before, after, args.band), after)
+        changes = annotate(compare(before, after, args.band, reruns), after)
     except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:  # a shape check_record does not cover
         usage_error(p.prog, f"{args.before} or {args.after} is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
     if args.verdicts_only:
@@ -333,11 +367,13 @@ def compare_cli(argv: list[str]) -> int:
     regressions = [c for c in changes if c.regression]
     harness = [c for c in changes if c.harness]
     if args.json:
-        print(json.dumps({"before": str(args.before), "after": str(args.after), "environment": environment_changes(before, after),
+        print(json.dumps({"before": str(args.before), "after": str(args.after), "before_reruns": list(map(str, args.before_reruns)),
+                          "after_reruns": list(map(str, args.after_reruns)), "environment": environment_changes(before, after),
                           "changes": [asdict(c) for c in changes], "regressions": len(regressions), "harness_errors": len(harness)}, indent=1, default=str))
     else:
-        print(f"before: {args.before}: {machine_label(before.get('environment', {}))}, {before.get('created', '?')}")
-        print(f"after:  {args.after}: {machine_label(after.get('environment', {}))}, {after.get('created', '?')}")
+        for label, path, record, more in (("before:", args.before, before, args.before_reruns), ("after: ", args.after, after, args.after_reruns)):
+            also = f" (and {len(more)} rerun(s): {', '.join(map(str, more))})" if more else ""
+            print(f"{label} {path}: {machine_label(record.get('environment', {}))}, {record.get('created', '?')}{also}")
         for line in environment_changes(before, after):
             print(f"  environment {line}")
         # Claims that changed first, then the harness errors (a test raised before its verdict), then the rest.

@@ -1,0 +1,96 @@
+"""Clocked values measured by several processes per side: ``compare --before-reruns ... --after-reruns ...``.
+
+One run's standard error is the spread of its rounds; two processes of one environment can differ by more
+(KV-HEAD-TIMING's recompute step at n = 4,096 takes 90 ms in some processes, 160 to 176 ms in others). Reruns
+of a side's environment measure that spread, and :func:`welch_p` judges a move against it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from . import schema
+from .registry import NOT_RUN
+from .report import KEY_ENVIRONMENT
+from .schema import ClaimEntry, RunRecord
+
+
+#: Level of the test between processes: two-sided, the level of ``registry.NOISE_SIGMAS`` standard errors under normal noise
+#: (erfc(3 / sqrt 2) = 0.27%), so that a move between processes is called at the level a verdict is decided at.
+PROCESS_LEVEL = math.erfc(3.0 / math.sqrt(2.0))
+
+
+def welch_p(xs: list[float], ys: list[float]) -> float:
+    """Two-sided p-value of Welch's t-test for equal means of the processes' values ``xs`` and ``ys`` (each at least two).
+
+    Where neither side varies, the means are equal (p = 1) or not (p = 0): a value every process measures alike
+    (a count that the rounds' median lands on) moved or did not."""
+    from scipy import stats
+
+    if statistics.pvariance(xs) == 0 and statistics.pvariance(ys) == 0:
+        return 1.0 if statistics.fmean(xs) == statistics.fmean(ys) else 0.0
+    return float(stats.ttest_ind(xs, ys, equal_var=False).pvalue)
+
+
+def by_profile(claim: ClaimEntry) -> dict[tuple[str, int], dict[str, Any]]:
+    """Results keyed by (profile, n): the n-th result of that profile (usually n = 0)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    seen: Counter = Counter()
+    for r in claim.get("results", []):
+        out[(r["profile"], seen[r["profile"]])] = r
+        seen[r["profile"]] += 1
+    return out
+
+
+def rerun_values(reruns: list[RunRecord], cid: str, key: tuple[str, int], q: str) -> list[float]:
+    """``q`` of claim ``cid``'s result ``key`` (profile, n) in each rerun that measured it: finite numbers, from results
+    that are not *not run*. A rerun that did not select the claim adds nothing."""
+    out = []
+    for record in reruns:
+        claim = record["claims"].get(cid)
+        result = by_profile(claim).get(key) if claim else None
+        if not result or result["verdict"] == NOT_RUN:
+            continue
+        x = next((finite(chk["measured"]) for chk in result.get("checks", []) if chk["q"] == q), None)
+        if x is not None:
+            out.append(x)
+    return out
+
+
+def finite(value: Any) -> float | None:
+    x = schema.as_float(value)
+    return x if x is not None and math.isfinite(x) else None
+
+
+def check_reruns(primaries: tuple[RunRecord, RunRecord], reruns: tuple[list[RunRecord], list[RunRecord]],
+                 primary_paths: tuple[Path, Path], rerun_paths: tuple[list[Path], list[Path]]) -> str:
+    """Why these reruns cannot measure their side's spread between processes, or "": each must be of its side's
+    environment (the entries that decide verdicts, ``KEY_ENVIRONMENT``), and no run may be given twice (a process counted twice
+    understates the spread)."""
+    def identities(record: RunRecord, where: Path) -> list[str]:  # its run id (a copy of the file has it too), and its file
+        run_id = record.get("run", {}).get("id")
+        return [f"run {run_id}"] * bool(run_id) + [f"file {resolved(where)}"]
+
+    # BEFORE and AFTER may be one run (a record compared with itself: nothing moves)
+    seen = {key: where for r, where in zip(primaries, primary_paths) for key in identities(r, where)}
+    for primary, path, side_reruns, side_paths in zip(primaries, primary_paths, reruns, rerun_paths):
+        for record, where in zip(side_reruns, side_paths):
+            for key in identities(record, where):
+                if key in seen:
+                    return f"{where} and {seen[key]} are the same run ({key}): give each process once"
+                seen[key] = where
+            moved = [f"{k} {primary.get('environment', {}).get(k, '-')} -> {record.get('environment', {}).get(k, '-')}"
+                     for k in KEY_ENVIRONMENT if primary.get("environment", {}).get(k) != record.get("environment", {}).get(k)]
+            if moved:
+                return f"{where} is not a rerun of {path}'s environment ({'; '.join(moved)}): a rerun measures one side's spread between processes"
+    return ""
+
+
+def resolved(path: Path) -> Path:
+    """The run.json a path names (a report directory names the one inside it), resolved."""
+    path = path.resolve()
+    return path / "run.json" if path.is_dir() else path
