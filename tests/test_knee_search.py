@@ -182,3 +182,21 @@ def test_the_search_runs_on_a_small_model_end_to_end():
     timed, setup, used = knee.measure_doubling(small, 2, 4, 0.0, context=8, rounds=3)
     assert set(timed) == {2, 4} and all(len(v) == 3 for v in timed.values()) and setup >= 0
     assert used["cache_grows_by_fed"] is True
+
+
+def test_every_latency_the_batch_claims_judge_is_the_one_request_latency_defines(monkeypatch):
+    """BAT-1-TO-16's latency gain and every doubling's latency read a request's wait from batching.request_latency,
+    the one definition (the whole step). Counted per token (step / batch), BAT-1-TO-16's gain from 1 to 16 falls
+    below 1 and fails its check: before, that check divided the step times itself and could not see it."""
+    from cheapinfer.chapter import batch_curve
+
+    steps = {b: 0.010 * (1 + b / 16) for b in (1, 2, 4, 8, 16)}  # a memory-bound step: 16 rows cost twice one
+    quantities = batch_curve.curve_quantities(sorted(steps), ("BAT-1-TO-16", "BAT-KNEE"))
+    times = {batch_curve.name(b): s for b, s in steps.items()}
+    whole = quantities(times)
+    assert whole["latency_gain"] == pytest.approx(steps[16] / steps[1]) and whole["latency@8"] == pytest.approx(steps[16] / steps[8])
+    monkeypatch.setattr(batching, "request_latency", lambda step_s, batch: step_s / batch)
+    per_token = quantities(times)
+    assert per_token["latency_gain"] == pytest.approx(steps[16] / steps[1] / 16) and per_token["latency_gain"] < 1
+    assert per_token["latency@8"] == pytest.approx(steps[16] / steps[8] / 2)
+    assert per_token["throughput_gain"] == whole["throughput_gain"]

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from ..runtime import models, timing
-from . import knee, workload
+from . import batching, knee, workload
 
 CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
 SLOTS = 8  # the continuous-batching slots of the book's workload
@@ -67,7 +67,9 @@ def curve_quantities(sizes: Sequence[int], selected: Sequence[str]) -> Callable[
 
     def quantities(t) -> dict[str, float]:
         step = {b: t[name(b)] for b in sizes}
-        out = {"throughput_gain": 16 * step[1] / step[16], "latency_gain": step[16] / step[1], **knee.doubling_quantities(step)}
+        # A request's latency is what batching.request_latency says it waits (the whole step), here as everywhere
+        out = {"throughput_gain": 16 * step[1] / step[16], "latency_gain": batching.request_latency(step[16], 16) / batching.request_latency(step[1], 1),
+               **knee.doubling_quantities(step)}
         if "BAT-STATIC-CONT" in selected:
             r = workload.compare(lengths, SLOTS, {k: step[k] for k in range(1, SLOTS + 1)})
             out["seeded_throughput_ratio"], out["seeded_latency_ratio"] = r["throughput_ratio"], r["latency_ratio"]

@@ -66,7 +66,7 @@ def doubling_quantities(steps: Mapping[int, float]) -> dict[str, float]:
     for b in sorted(steps):
         if 2 * b in steps:
             out[f"gain@{b}"] = 2 * steps[b] / steps[2 * b]
-            out[f"latency@{b}"] = steps[2 * b] / steps[b]
+            out[f"latency@{b}"] = batching.request_latency(steps[2 * b], 2 * b) / batching.request_latency(steps[b], b)
     return out
 
 
