@@ -23,7 +23,7 @@ from .common import replaying_steps
     "kv-bytes-counts-query-heads",
     section="KV",
     kind=CONSTANT,
-    targets=("KV-BYTES-FORMULA", "KV-RESIDENT-ONLY", "KV-MHA-7X", "KV-7B-CACHE"),
+    targets=("KV-BYTES-FORMULA", "KV-BYTES-MEASURED", "KV-RESIDENT-ONLY", "KV-MHA-7X", "KV-7B-CACHE"),
     what="the cache-size formula counts the 14 query heads instead of the 2 KV heads (the MHA formula applied to a GQA model)",
 )
 def _kv_bytes_query_heads():
