@@ -39,8 +39,8 @@ def _socket_directory() -> None:
     """Make multiprocessing's temporary directory, which holds the fork server's socket, where the socket's path fits.
 
     multiprocessing makes it under ``TMPDIR``; under a long one (a test's temporary directory, a deep home) the
-    server's bind fails ("AF_UNIX path too long") and every fault run with it (Python 3.13 falls back by itself).
-    There it is made under /tmp instead, and removed at exit as multiprocessing removes its own; the fault runs'
+    server's bind fails ("AF_UNIX path too long") and every fault run with it (Python 3.11 to 3.13.0 have no
+    fallback of their own). There it is made under /tmp instead, and removed at exit as multiprocessing removes its own; the fault runs'
     own files stay under ``TMPDIR``."""
     import os
     import tempfile
