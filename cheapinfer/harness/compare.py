@@ -55,7 +55,7 @@ from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT
 from .tables import machine_label
 from . import schema
-from .processes import PROCESS_LEVEL, by_profile, check_reruns, finite, rerun_values, welch_p
+from .processes import PROCESS_LEVEL, by_profile, finite, rerun_values, welch_p
 from .schema import ClaimEntry, RunRecord
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
@@ -142,6 +142,12 @@ def shape_bound(q: str, claim: ClaimEntry) -> tuple[str, float] | None:
     return None
 
 
+def _direction(op: str, before: float, after: float) -> tuple[bool, str]:
+    """Whether a move from ``before`` to ``after`` goes toward a bound checked with ``op``, and the words for it."""
+    toward = after < before if op in (">", ">=") else after > before
+    return toward, "toward" if toward else "away from"
+
+
 def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape: tuple[str, float], band: float, asserted: bool,
                   se: tuple[Any, Any] = (None, None)) -> Change | None:
     """A shape-checked value regresses when it moves toward its bound by more than ``band`` (relative)
@@ -165,8 +171,7 @@ def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape
             return None
         noise = f" and {NOISE_SIGMAS:g} combined standard errors ({fmt(combined)})"
     op, bound = shape
-    toward = b < a if op in (">", ">=") else b > a
-    side = "toward" if toward else "away from"
+    toward, side = _direction(op, a, b)
     holds = registry.OPS[op](b, bound)
     if noise and toward and asserted and holds:  # beyond each run's noise of rounds, which says nothing of the spread between processes
         return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", False, BETWEEN_PROCESSES_REASON)
@@ -196,8 +201,7 @@ def process_change(cid: str, profile: str, q: str, xs: list[float], ys: list[flo
     if not p < PROCESS_LEVEL:
         return None
     op, bound = shape
-    toward = b < a if op in (">", ">=") else b > a
-    side = "toward" if toward else "away from"
+    toward, side = _direction(op, a, b)
     return Change(cid, profile, q, a, b, f"±{band:.0%} relative and Welch's t-test at level {PROCESS_LEVEL:.2%} (p = {p:.2g}), "
                   f"{side} the bound {op} {fmt(bound)}", toward and asserted,
                   f"means of {len(xs)} and {len(ys)} processes: {', '.join(fmt(x) for x in xs)} -> {', '.join(fmt(y) for y in ys)}")
@@ -264,13 +268,15 @@ def compare(before: RunRecord, after: RunRecord, band: float = BAND,
                     continue
                 done.add(q)
                 form, width = _tolerance(q, b_claim, band)
-                # A clocked value (its standard error in both records) measured by two processes or more on each side.
-                xs, ys = ([finite(m)] + rerun_values(side, cid, key, q) for m, side in ((a_measured[q], reruns[0]), (chk["measured"], reruns[1])))
-                clocked = a_se.get(q) is not None and chk.get("se") is not None and None not in (xs[0], ys[0])
-                if form == "rel" and shape_bound(q, b_claim) is not None and clocked and len(xs) >= 2 and len(ys) >= 2:
-                    change = process_change(cid, key[0], q, xs, ys, shape_bound(q, b_claim), band, chk.get("asserted", True))
-                elif form == "rel" and shape_bound(q, b_claim) is not None:
-                    change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], shape_bound(q, b_claim), band, chk.get("asserted", True),
+                shape = shape_bound(q, b_claim) if form == "rel" else None
+                # A clocked value (its standard error in both records): the processes that measured it, on each side.
+                xs, ys = ([], [])
+                if shape is not None and a_se.get(q) is not None and chk.get("se") is not None:
+                    xs, ys = ([finite(m)] + rerun_values(side, cid, key, q) for m, side in ((a_measured[q], reruns[0]), (chk["measured"], reruns[1])))
+                if len(xs) >= 2 and len(ys) >= 2 and None not in (xs[0], ys[0]):
+                    change = process_change(cid, key[0], q, xs, ys, shape, band, chk.get("asserted", True))
+                elif shape is not None:
+                    change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], shape, band, chk.get("asserted", True),
                                            (a_se.get(q), chk.get("se")))
                 elif _moved(a_measured[q], chk["measured"], form, width):
                     release = _release_bound(q, b_claim, before, after)
@@ -295,11 +301,35 @@ def _unmeasured(value: Any) -> bool:
     return (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and value.strip().lower() == "nan")
 
 
-def environment_changes(before: RunRecord, after: RunRecord) -> list[str]:
-    """The entries of the environment that decide verdicts and differ between the two runs."""
+def environment_changes(before: RunRecord, after: RunRecord, keys: tuple[str, ...] | None = None) -> list[str]:
+    """The entries of the environment that differ between the two runs: ``keys``, or those that decide verdicts
+    (``KEY_ENVIRONMENT``) followed by every other entry of ``after``."""
     ea, eb = before.get("environment", {}), after.get("environment", {})
-    keys = [*KEY_ENVIRONMENT, *(k for k in eb if k not in KEY_ENVIRONMENT)]
+    keys = keys or (*KEY_ENVIRONMENT, *(k for k in eb if k not in KEY_ENVIRONMENT))
     return [f"{k}: {ea.get(k, '-')} -> {eb.get(k, '-')}" for k in keys if ea.get(k) != eb.get(k)]
+
+
+def check_reruns(primaries: tuple[RunRecord, RunRecord], reruns: tuple[list[RunRecord], list[RunRecord]],
+                 primary_paths: tuple[Path, Path], rerun_paths: tuple[list[Path], list[Path]]) -> str:
+    """Why these reruns cannot measure their side's spread between processes, or "": each must be of its side's
+    environment (the entries that decide verdicts, ``KEY_ENVIRONMENT``), and no run may be given twice (a process
+    counted twice understates the spread)."""
+    def identities(record: RunRecord, where: Path) -> list[str]:  # its run id (a copy of the file has it too), and its file
+        run_id = record.get("run", {}).get("id")
+        return [f"run {run_id}"] * bool(run_id) + [f"file {schema.record_path(where).resolve()}"]
+
+    # BEFORE and AFTER may be one run (a record compared with itself: nothing moves)
+    seen = {key: where for r, where in zip(primaries, primary_paths) for key in identities(r, where)}
+    for primary, path, side_reruns, side_paths in zip(primaries, primary_paths, reruns, rerun_paths):
+        for record, where in zip(side_reruns, side_paths):
+            for key in identities(record, where):
+                if key in seen:
+                    return f"{where} and {seen[key]} are the same run ({key}): give each process once"
+                seen[key] = where
+            moved = environment_changes(primary, record, KEY_ENVIRONMENT)
+            if moved:
+                return f"{where} is not a rerun of {path}'s environment ({'; '.join(moved)}): a rerun measures one side's spread between processes"
+    return ""
 
 
 def usage_error(prog: str, message: str) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 from ..runtime.cli import Parser
 from .registry import DEVIATES, NOT_RUN, VERDICTS
-from .report import KEY_ENVIRONMENT, RECORD_NAME
+from .report import KEY_ENVIRONMENT
 from .tables import machine_label, markdown_table
-from . import compare
+from . import compare, schema
 from .schema import ClaimEntry, RunRecord
 
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def _overwrite_refusal(output: Path, records: list[Path], as_json: bool) -> str 
         return "it is a directory"
     if not output.exists():
         return None
-    inputs = {(r / RECORD_NAME if r.is_dir() else r).resolve() for r in records}
+    inputs = {schema.record_path(r).resolve() for r in records}
     if output.resolve() in inputs:
         return "it is one of the records being merged"
     try:

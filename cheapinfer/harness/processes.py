@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from . import schema
 from .registry import NOT_RUN
-from .report import KEY_ENVIRONMENT
 from .schema import ClaimEntry, RunRecord
 
 
@@ -64,33 +62,3 @@ def rerun_values(reruns: list[RunRecord], cid: str, key: tuple[str, int], q: str
 def finite(value: Any) -> float | None:
     x = schema.as_float(value)
     return x if x is not None and math.isfinite(x) else None
-
-
-def check_reruns(primaries: tuple[RunRecord, RunRecord], reruns: tuple[list[RunRecord], list[RunRecord]],
-                 primary_paths: tuple[Path, Path], rerun_paths: tuple[list[Path], list[Path]]) -> str:
-    """Why these reruns cannot measure their side's spread between processes, or "": each must be of its side's
-    environment (the entries that decide verdicts, ``KEY_ENVIRONMENT``), and no run may be given twice (a process counted twice
-    understates the spread)."""
-    def identities(record: RunRecord, where: Path) -> list[str]:  # its run id (a copy of the file has it too), and its file
-        run_id = record.get("run", {}).get("id")
-        return [f"run {run_id}"] * bool(run_id) + [f"file {resolved(where)}"]
-
-    # BEFORE and AFTER may be one run (a record compared with itself: nothing moves)
-    seen = {key: where for r, where in zip(primaries, primary_paths) for key in identities(r, where)}
-    for primary, path, side_reruns, side_paths in zip(primaries, primary_paths, reruns, rerun_paths):
-        for record, where in zip(side_reruns, side_paths):
-            for key in identities(record, where):
-                if key in seen:
-                    return f"{where} and {seen[key]} are the same run ({key}): give each process once"
-                seen[key] = where
-            moved = [f"{k} {primary.get('environment', {}).get(k, '-')} -> {record.get('environment', {}).get(k, '-')}"
-                     for k in KEY_ENVIRONMENT if primary.get("environment", {}).get(k) != record.get("environment", {}).get(k)]
-            if moved:
-                return f"{where} is not a rerun of {path}'s environment ({'; '.join(moved)}): a rerun measures one side's spread between processes"
-    return ""
-
-
-def resolved(path: Path) -> Path:
-    """The run.json a path names (a report directory names the one inside it), resolved."""
-    path = path.resolve()
-    return path / "run.json" if path.is_dir() else path

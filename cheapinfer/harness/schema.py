@@ -340,11 +340,14 @@ def check_fault_record(record: Any) -> FaultRecord:
     return record
 
 
-def _json_at(path: Path, name: str) -> Any:
+def record_path(path: Path, name: str = RECORD_NAME) -> Path:
+    """The file a record argument names: ``path`` itself, or the ``name`` inside it where it is a report directory."""
     path = Path(path)
-    if path.is_dir():
-        path = path / name
-    return json.loads(path.read_text(encoding="utf-8"))
+    return path / name if path.is_dir() else path
+
+
+def _json_at(path: Path, name: str) -> Any:
+    return json.loads(record_path(path, name).read_text(encoding="utf-8"))
 
 
 def read_record(path: Path) -> RunRecord:
