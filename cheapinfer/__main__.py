@@ -240,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print(__doc__.strip(), file=sys.stderr)
         return 2
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"cheapinfer {__version__}")
+        return 0
     if argv[0] not in {**commands, **_DELEGATED}:
         print(f"cheapinfer: error: unknown command {argv[0]!r} (commands: {', '.join([*commands, *_DELEGATED])}; "
               "python -m cheapinfer --help says what each does)", file=sys.stderr)
@@ -251,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # checked here: the commands that time read it at import, where it must not fail
             print(f"cheapinfer {name}: error: {exc}", file=sys.stderr)
             return 2
+    from .harness import registry
+
+    broken = "" if {"-h", "--help"} & set(rest) else registry.problem()
+    if broken:  # one line, exit 4: never a traceback from the first reader of a broken registry
+        print(f"cheapinfer {name}: error: {broken}", file=sys.stderr)
+        return registry.REGISTRY_EXIT
     if name in commands:
         return commands[name](rest)
     module = importlib.import_module(_DELEGATED[name])
