@@ -453,3 +453,30 @@ def test_interrupted_claims_are_recorded_as_interrupted_not_unselected():
     record = report.build([], {}, {"interrupted": True}, {"KV-MACS": ["t"], "KV-API": ["t"]}, unfinished={"KV-MACS"})
     reasons = {cid: record["claims"][cid]["results"][0]["reason"] for cid in ("KV-MACS", "KV-API")}
     assert reasons == {"KV-MACS": report.INTERRUPTED_REASON, "KV-API": "its test was not selected in this run"}
+
+
+# ------------------------------------------------------------------------------------------------
+# pytest's own usage errors: one line, exit 4, before any test
+# ------------------------------------------------------------------------------------------------
+
+
+def _runs_file(tmp: Path) -> list[str]:
+    (tmp / "runs").write_text("not a folder")
+    return []
+
+
+@pytest.mark.parametrize("args,said", [
+    (lambda tmp: ["--fault", "kv-decode-ignores-cache"], "--fault kv-decode-ignores-cache: none of its claims"),
+    (lambda tmp: ["--perturb", "KV-MACS"], "--perturb KV-MACS: none of these claims is selected"),
+    (lambda tmp: ["--hypothesis-profile", ""], "--hypothesis-profile: the value is empty"),
+    (_runs_file, "is a file, not a directory; this run's record could not be kept there"),
+], ids=["--fault not selected", "--perturb not selected", "empty hypothesis profile", "runs is a file"])
+def test_a_run_that_would_mean_nothing_is_a_usage_error_before_any_test(args, said, tmp_path):
+    from harness import python_m
+
+    root = Path(__file__).resolve().parents[1]
+    proc = python_m("pytest", "claims/test_budget.py", "-q", "-p", "no:cacheprovider", "--report-dir", str(tmp_path), *args(tmp_path),
+                    cwd=root, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 4 and len(lines) == 1 and said in lines[0], proc.stdout + proc.stderr
+    assert "passed" not in proc.stdout and not (tmp_path / "run.json").exists()
