@@ -480,3 +480,34 @@ def test_a_run_that_would_mean_nothing_is_a_usage_error_before_any_test(args, sa
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 4 and len(lines) == 1 and said in lines[0], proc.stdout + proc.stderr
     assert "passed" not in proc.stdout and not (tmp_path / "run.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# the corpus and the book model: the real cause, the same rule wherever the weights are
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make,said", [
+    (lambda tmp: tmp, "it is a directory"),
+    (lambda tmp: _fifo(tmp), "it is a FIFO"),
+    (lambda tmp: "/dev/null", "it is a device"),
+    (lambda tmp: tmp / "absent.txt", "there is no such file"),
+], ids=["directory", "FIFO", "/dev/null", "missing"])
+def test_corpus_names_what_the_path_is(make, said, tmp_path):
+    from cheapinfer.runtime import corpus
+
+    with pytest.raises(ValueError, match=said):
+        corpus.check_file(make(tmp_path))
+
+
+def test_weights_from_the_hugging_face_cache_follow_the_safetensors_rule(tmp_path, monkeypatch):
+    """A cached checkpoint with pickled weights only is refused as a local copy is: never loaded."""
+    import huggingface_hub
+
+    from cheapinfer.runtime import models
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"a pickle")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(tmp_path))
+    with pytest.raises(models.BookModelNotFound, match=r"book weights not usable: the Hugging Face cache's .* no weights \(\*\.safetensors\)"):
+        models.find_book(None)
