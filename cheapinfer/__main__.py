@@ -155,6 +155,8 @@ def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
             p.error(f"--quiet-record {args.quiet_record}: not a well-formed run record of this suite: {exc}")
         except (OSError, ValueError) as exc:
             p.error(f"--quiet-record {args.quiet_record}: no readable run record ({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})")
+        if quiet.get("run", {}).get("fault"):
+            p.error(f"--quiet-record {args.quiet_record}: a run with the fault {quiet['run']['fault']} injected, not a quiet run of the clean suite")
         lacking = [cid for cid in claims if not any(r.get("profile") != "-" for r in quiet["claims"].get(cid, {}).get("results", []))]
         if lacking:
             p.error(f"--quiet-record {args.quiet_record}: no result for {', '.join(lacking)} (run without --quiet-record, or restrict --claims)")

@@ -511,3 +511,11 @@ def test_weights_from_the_hugging_face_cache_follow_the_safetensors_rule(tmp_pat
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(tmp_path))
     with pytest.raises(models.BookModelNotFound, match=r"book weights not usable: the Hugging Face cache's .* no weights \(\*\.safetensors\)"):
         models.find_book(None)
+
+
+def test_a_fault_injected_record_is_no_quiet_record(tmp_path, capsys):
+    rec = _record()
+    rec.setdefault("run", {})["fault"] = "kv-decode-ignores-cache"
+    path = _write(tmp_path / "run.json", rec)
+    code, line = _main_exit(["verify", "--stress", "--quiet-record", str(path), "--report-dir", str(tmp_path / "out")], capsys)
+    assert code == 2 and "a run with the fault kv-decode-ignores-cache injected" in line
