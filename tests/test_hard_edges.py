@@ -519,3 +519,15 @@ def test_a_fault_injected_record_is_no_quiet_record(tmp_path, capsys):
     path = _write(tmp_path / "run.json", rec)
     code, line = _main_exit(["verify", "--stress", "--quiet-record", str(path), "--report-dir", str(tmp_path / "out")], capsys)
     assert code == 2 and "a run with the fault kv-decode-ignores-cache injected" in line
+
+
+def test_a_run_leaves_no_stray_benchmarks_folder_in_the_callers_directory(tmp_path):
+    from harness import python_m
+
+    root = Path(__file__).resolve().parents[1]
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    proc = python_m("pytest", str(root / "tests" / "test_budget_cli.py"), "-q", "-p", "no:cacheprovider", "--rootdir", str(root),
+                    "--report-dir", str(tmp_path / "reports"), "-k", "not slow", cwd=caller, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert list(caller.iterdir()) == []
