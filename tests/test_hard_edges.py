@@ -270,7 +270,7 @@ def _plot_on_a_full_disk(tmp_path, capsys, monkeypatch):
 
 WRITE_FAILURES = {"merge -o on a full disk": _merge_o_on_a_full_disk, "the second rename fails": _second_rename_fails,
                   "a full disk before the renames": _full_disk_before_the_renames, "faults on a full disk": _faults_on_a_full_disk,
-                  "a plot on a full disk": _plot_on_a_full_disk}
+                  "a plot on a full disk": _plot_on_a_full_disk, "benchmarks.json on a full disk": lambda *a: _benchmarks_on_a_full_disk(*a)}
 
 
 @pytest.mark.parametrize("case", list(WRITE_FAILURES))
@@ -531,3 +531,20 @@ def test_a_run_leaves_no_stray_benchmarks_folder_in_the_callers_directory(tmp_pa
                     "--report-dir", str(tmp_path / "reports"), "-k", "not slow", cwd=caller, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert list(caller.iterdir()) == []
+
+
+def _benchmarks_on_a_full_disk(tmp_path, capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from fixtures import recording
+
+    path = tmp_path / "benchmarks.json"
+    path.write_text("previous timings")
+    bench = SimpleNamespace(json=str(path))
+    recording.pytest_sessionstart(SimpleNamespace(config=SimpleNamespace(_benchmarksession=bench)))
+    monkeypatch.setattr(report, "_write_all", _enospc)
+    bench.save_json({"benchmarks": []})  # pytest-benchmark's call after the last test: no exception reaches it
+    assert path.read_text() == "previous timings", "the previous benchmark file was truncated"
+    assert "could not be written" in recording.RUN_WARNINGS[0] and "the previous file is as it was" in recording.RUN_WARNINGS[0]
+    assert "WARNING: the benchmark timings could not be written" in capsys.readouterr().err
+
