@@ -155,6 +155,8 @@ def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
             p.error(f"--quiet-record {args.quiet_record}: not a well-formed run record of this suite: {exc}")
         except (OSError, ValueError) as exc:
             p.error(f"--quiet-record {args.quiet_record}: no readable run record ({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})")
+        if quiet.get("run", {}).get("fault"):
+            p.error(f"--quiet-record {args.quiet_record}: a run with the fault {quiet['run']['fault']} injected, not a quiet run of the clean suite")
         lacking = [cid for cid in claims if not any(r.get("profile") != "-" for r in quiet["claims"].get(cid, {}).get("results", []))]
         if lacking:
             p.error(f"--quiet-record {args.quiet_record}: no result for {', '.join(lacking)} (run without --quiet-record, or restrict --claims)")
@@ -240,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print(__doc__.strip(), file=sys.stderr)
         return 2
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"cheapinfer {__version__}")
+        return 0
     if argv[0] not in {**commands, **_DELEGATED}:
         print(f"cheapinfer: error: unknown command {argv[0]!r} (commands: {', '.join([*commands, *_DELEGATED])}; "
               "python -m cheapinfer --help says what each does)", file=sys.stderr)
@@ -251,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # checked here: the commands that time read it at import, where it must not fail
             print(f"cheapinfer {name}: error: {exc}", file=sys.stderr)
             return 2
+    from .harness import registry
+
+    broken = "" if {"-h", "--help"} & set(rest) else registry.problem()
+    if broken:  # one line, exit 4: never a traceback from the first reader of a broken registry
+        print(f"cheapinfer {name}: error: {broken}", file=sys.stderr)
+        return registry.REGISTRY_EXIT
     if name in commands:
         return commands[name](rest)
     module = importlib.import_module(_DELEGATED[name])

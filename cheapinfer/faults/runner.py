@@ -19,6 +19,7 @@ A fault is written and registered as :mod:`cheapinfer.faults.core` says.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Sequence
 
@@ -26,9 +27,17 @@ from .. import CHECKOUT, __version__
 from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_fault_record, read_record
-from ..runtime.cli import Terminated, finite_number, terminate
+from ..runtime.cli import Terminated, bounded_count, finite_number, on_stop, path_arg, restore, terminate
+from ..runtime.files import kind_of
 from .child import clear_halt, halt, pytest_run
 from .core import FAULTS, Fault
+
+#: ``--runs``: a run of every fault takes minutes; a thousand is weeks, and the record holds every run's verdicts.
+MAX_RUNS = 1000
+#: ``--workers``: each is a pytest loading its claims' models beside the others.
+MAX_WORKERS = 64
+#: ``--timeout``: below this, starting pytest and importing torch alone would "time out" every fault.
+MIN_TIMEOUT = 5.0
 
 def catalogue() -> dict[str, Fault]:
     """Every registered fault, by name (importing the catalogue's modules registers them)."""
@@ -265,24 +274,25 @@ def faults_cli(argv: list[str]) -> int:
         description="Inject each known fault into the measured system and check that it turns its claims red. Exit 1 when a fault goes unnoticed in any run.",
     )
     p.add_argument("names", nargs="*", metavar="FAULT", help="faults to run (default: all)")
-    p.add_argument("--runs", type=int, default=1, help="runs of each fault (default 1; a fault must be caught in every run)")
+    p.add_argument("--runs", type=bounded_count("runs", 1, MAX_RUNS, f"each run of a fault takes seconds to minutes; {MAX_RUNS} is days"), default=1,
+                   help="runs of each fault (default 1; a fault must be caught in every run)")
     p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
-    p.add_argument("--report-dir", type=Path, default=CHECKOUT / "reports", help="where faults.json is written (default reports/)")
+    p.add_argument("--report-dir", type=path_arg, default=CHECKOUT / "reports", help="where faults.json is written (default reports/)")
     p.add_argument("--timeout", type=finite_number("a number of seconds", positive=True), default=600.0, help="seconds one fault run may take (default 600)")
-    p.add_argument("--workers", type=int, default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
+    p.add_argument("--workers", type=bounded_count("workers", 1, MAX_WORKERS, "processes beside each other, each loading a model"), default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
     p.add_argument("--all-targets", action="store_true",
                    help="run every claim each fault names, in every run (the per-claim coverage); default: the sweep, which stops each run at the fault's first red claim")
     args = p.parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = on_stop(terminate)  # SIGTERM and SIGHUP (the terminal closed) alike
     try:
         return _faults(p, args)
     except (Terminated, KeyboardInterrupt) as exc:
-        sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
-        print(f"cheapinfer faults: {'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted'}: the running fault runs "
+        sig = signal.Signals((exc.args[0] if exc.args else signal.SIGTERM) if isinstance(exc, Terminated) else signal.SIGINT)
+        print(f"cheapinfer faults: {'interrupted' if sig == signal.SIGINT else f'terminated ({sig.name})'}: the running fault runs "
               "were stopped and their temporary directory removed; nothing was written", file=sys.stderr)
         return 128 + sig
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore(previous)
 
 
 def _faults(p, args) -> int:
@@ -303,8 +313,16 @@ def _faults(p, args) -> int:
             print(f"{f.name}  [{f.section}, {f.kind}] -> {', '.join(f.targets)}\n    {f.what}")
         print(f"{len(faults)} faults; claims no known fault turns red: {', '.join(uncovered()) or 'none'}")
         return 0
-    if args.report_dir.exists() and not args.report_dir.is_dir():
-        p.error(f"--report-dir {args.report_dir} is a file, not a directory")
+    from ..harness.report import writable_dir
+
+    try:  # before the sweep: a folder that cannot take faults.json would throw the finished sweep away
+        writable_dir(args.report_dir)
+    except ValueError as exc:
+        p.error(f"--report-dir {args.report_dir}: {exc}")
+    if kind_of(args.report_dir / FAULTS_NAME):
+        p.error(f"--report-dir {args.report_dir}: {args.report_dir / FAULTS_NAME} is {kind_of(args.report_dir / FAULTS_NAME)}, so faults.json cannot be written")
+    if args.timeout < MIN_TIMEOUT:
+        p.error(f"--timeout {args.timeout:g}: at least {MIN_TIMEOUT:g} s (starting pytest and loading a claim's model alone take seconds)")
     result = run(args.names or list(faults), args.runs, args.report_dir, args.timeout, echo=lambda line: print(line, flush=True),
                  workers=args.workers, all_targets=args.all_targets)
     print()
@@ -313,8 +331,13 @@ def _faults(p, args) -> int:
     print(f"\n{len(result['faults'])} faults, {args.runs} run(s) each ({result['mode']}), {result['seconds']:.0f} s: "
           f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "") + ".")
     print(f"Claims no known fault turns red: {', '.join(result['uncovered']) or 'none'}")
-    args.report_dir.mkdir(parents=True, exist_ok=True)
     target = args.report_dir / FAULTS_NAME
-    atomic_write((target, json.dumps(result, indent=1) + "\n"))
+    try:
+        args.report_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write((target, json.dumps(result, indent=1) + "\n"))
+    except OSError as exc:  # a full disk after the sweep: one line; the previous faults.json is untouched
+        print(f"cheapinfer faults: error: cannot write {target} ({exc.strerror or exc}); "
+              f"{'the previous one is as it was' if target.exists() else 'nothing was written'}", file=sys.stderr)
+        return 1
     print(f"written: {target}")
     return 1 if missed else 0

@@ -49,13 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from ..runtime.cli import Parser, finite_number
+from ..runtime.cli import Parser, finite_number, path_arg, printable
 from .record import is_harness_error
 from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT
 from .tables import machine_label
 from . import schema
-from .processes import PROCESS_LEVEL, by_profile, finite, rerun_values, welch_p
+from .processes import PROCESS_LEVEL, by_profile, finite, identities, not_a_rerun, rerun_values, welch_p
 from .schema import ClaimEntry, RunRecord
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
@@ -194,10 +194,13 @@ def process_change(cid: str, profile: str, q: str, xs: list[float], ys: list[flo
     moved where the means differ by more than ``band`` (relative) and Welch's t-test rejects equal means at
     :data:`PROCESS_LEVEL`. The spread between processes is measured here, not assumed: a move toward the bound on
     an asserted check is a regression, whether or not the bound still holds; one away from it a change."""
-    a, b = statistics.fmean(xs), statistics.fmean(ys)
+    # On a common scale: the relative band and Welch's t do not depend on it, and values near the largest float
+    # (1e308, legal JSON) no longer overflow the sums of the means and variances.
+    scale = max(abs(v) for v in (*xs, *ys)) or 1.0
+    a, b = statistics.fmean([x / scale for x in xs]) * scale, statistics.fmean([y / scale for y in ys]) * scale
     if not _moved(a, b, "rel", band):
         return None
-    p = welch_p(xs, ys)
+    p = welch_p([x / scale for x in xs], [y / scale for y in ys])
     if not p < PROCESS_LEVEL:
         return None
     op, bound = shape
@@ -314,10 +317,6 @@ def check_reruns(primaries: tuple[RunRecord, RunRecord], reruns: tuple[list[RunR
     """Why these reruns cannot measure their side's spread between processes, or "": each must be of its side's
     environment (the entries that decide verdicts, ``KEY_ENVIRONMENT``), and no run may be given twice (a process
     counted twice understates the spread)."""
-    def identities(record: RunRecord, where: Path) -> list[str]:  # its run id (a copy of the file has it too), and its file
-        run_id = record.get("run", {}).get("id")
-        return [f"run {run_id}"] * bool(run_id) + [f"file {schema.record_path(where).resolve()}"]
-
     # BEFORE and AFTER may be one run (a record compared with itself: nothing moves)
     seen = {key: where for r, where in zip(primaries, primary_paths) for key in identities(r, where)}
     for primary, path, side_reruns, side_paths in zip(primaries, primary_paths, reruns, rerun_paths):
@@ -329,12 +328,19 @@ def check_reruns(primaries: tuple[RunRecord, RunRecord], reruns: tuple[list[RunR
             moved = environment_changes(primary, record, KEY_ENVIRONMENT)
             if moved:
                 return f"{where} is not a rerun of {path}'s environment ({'; '.join(moved)}): a rerun measures one side's spread between processes"
+            problem = not_a_rerun(primary, record)
+            if problem:
+                return f"{where} is not a rerun of {path}: {problem}"
+    if bool(reruns[0]) != bool(reruns[1]):
+        given, missing = ("--before-reruns", "--after-reruns") if reruns[0] else ("--after-reruns", "--before-reruns")
+        return (f"{given} without {missing}: the spread between processes must be measured on both sides, "
+                "or a clocked value is judged on one run per side (give both, or neither)")
     return ""
 
 
 def usage_error(prog: str, message: str) -> None:
     """One line on standard error, exit status 2."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {printable(message)}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -373,11 +379,11 @@ def compare_cli(argv: list[str]) -> int:
         prog="cheapinfer compare",
         description="Claims whose verdict changed or whose measured value moved beyond its tolerance between two run records. Exit 1 on a regression.",
     )
-    p.add_argument("before", type=Path, help="run.json, or the report directory holding it (e.g. reports)")
-    p.add_argument("after", type=Path, help="run.json, or the report directory holding it (e.g. reports/latest)")
-    p.add_argument("--before-reruns", type=Path, nargs="+", default=[], metavar="RECORD",
+    p.add_argument("before", type=path_arg, help="run.json, or the report directory holding it (e.g. reports)")
+    p.add_argument("after", type=path_arg, help="run.json, or the report directory holding it (e.g. reports/latest)")
+    p.add_argument("--before-reruns", type=path_arg, nargs="+", default=[], metavar="RECORD",
                    help="more run records of BEFORE's environment (reruns of its claims): clocked values are then judged on the spread between processes")
-    p.add_argument("--after-reruns", type=Path, nargs="+", default=[], metavar="RECORD", help="the same for AFTER")
+    p.add_argument("--after-reruns", type=path_arg, nargs="+", default=[], metavar="RECORD", help="the same for AFTER")
     p.add_argument("--band", type=finite_number("a number", positive=False, hint="a relative band, e.g. 0.25"), default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
     p.add_argument("--verdicts-only", action="store_true", help="a value that moved is printed but is not a regression; only verdicts decide the exit status")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
@@ -403,12 +409,12 @@ def compare_cli(argv: list[str]) -> int:
     else:
         for label, path, record, more in (("before:", args.before, before, args.before_reruns), ("after: ", args.after, after, args.after_reruns)):
             also = f" (and {len(more)} rerun(s): {', '.join(map(str, more))})" if more else ""
-            print(f"{label} {path}: {machine_label(record.get('environment', {}))}, {record.get('created', '?')}{also}")
+            print(printable(f"{label} {path}: {machine_label(record.get('environment', {}))}, {record.get('created', '?')}{also}"))
         for line in environment_changes(before, after):
-            print(f"  environment {line}")
+            print(printable(f"  environment {line}"))
         # Claims that changed first, then the harness errors (a test raised before its verdict), then the rest.
         for c in sorted(changes, key=lambda c: (c.harness, not c.regression)):
-            print(c.line())
+            print(printable(c.line()))
         n = len(set(before["claims"]) | set(after["claims"]))
         claimed = [c for c in regressions if not c.harness]
         others = [c for c in changes if not c.regression and not c.harness]

@@ -40,7 +40,7 @@ from . import registry
 from .schema import ClaimEntry, ResultEntry, read_record
 from .compare import shape_bound
 from .record import is_harness_error
-from ..runtime.cli import Terminated, child_environment, terminate  # SIGTERM as an exception, as the fault runner takes it
+from ..runtime.cli import Terminated, child_environment, on_stop, restore, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
 from .report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
 from .tables import machine_label, markdown_table
@@ -362,7 +362,7 @@ def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command
 def guarded(prog: str, body: Callable[[], int]) -> int:
     """``body()``, with Ctrl-C and SIGTERM as one line and exit 130 / 143 (the running pytest and the busy
     processes are stopped on the way out)."""
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = on_stop(terminate)  # SIGTERM and SIGHUP
     try:
         return body()
     except Interrupted as exc:
@@ -371,11 +371,12 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing more was run and no summary was written", file=sys.stderr)
         return 128 + signal.SIGINT
-    except Terminated:
-        print(f"{prog}: terminated (SIGTERM); the running claims run was stopped; no summary was written", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except Terminated as exc:
+        sig = signal.Signals(exc.args[0] if exc.args else signal.SIGTERM)
+        print(f"{prog}: terminated ({sig.name}); the running claims run was stopped; no summary was written", file=sys.stderr)
+        return 128 + sig
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore(previous)
 
 
 def isa_main(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner) -> int:

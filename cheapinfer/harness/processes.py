@@ -7,9 +7,12 @@ of a side's environment measure that spread, and :func:`welch_p` judges a move a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from . import schema
@@ -62,3 +65,48 @@ def rerun_values(reruns: list[RunRecord], cid: str, key: tuple[str, int], q: str
 def finite(value: Any) -> float | None:
     x = schema.as_float(value)
     return x if x is not None and math.isfinite(x) else None
+
+
+def identities(record: RunRecord, where: Path) -> list[str]:
+    """A record's identities: its run id (a copy of the file has it too), its file, and its content (a copy of a
+    record written before runs had ids)."""
+    run_id = record.get("run", {}).get("id")
+    content = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return [f"run {run_id}"] * bool(run_id) + [f"file {schema.record_path(where).resolve()}", f"identical content {content}"]
+
+
+def given_twice(records: list[RunRecord], paths: list[Path]) -> str:
+    """"A and B are the same run (…)" when two of ``records`` are one run, or ""."""
+    seen: dict[str, Path] = {}
+    for record, where in zip(records, paths):
+        for key in identities(record, where):
+            if key in seen:
+                return f"{where} and {seen[key]} are the same run ({key})"
+            seen[key] = where
+    return ""
+
+
+def _measured_claims(record: RunRecord) -> set[str]:
+    """The claims a run measured: those with a result on a profile (not the "-" of a test not selected)."""
+    return {cid for cid, c in record["claims"].items() if any(r.get("profile") != "-" for r in c.get("results", []))}
+
+
+def not_a_rerun(primary: RunRecord, record: RunRecord) -> str:
+    """Why ``record`` cannot be a rerun of ``primary``, or "": a fault injected, another suite, other claims measured,
+    or a clocked value that is no number (a rerun adds processes to those values, nothing else)."""
+    fault = record.get("run", {}).get("fault")
+    if fault:
+        return f"it was run with the fault {fault} injected (a broken measurement on purpose)"
+    if record.get("suite") != primary.get("suite"):
+        return f"it was written by {record.get('suite')!r}, the primary by {primary.get('suite')!r}"
+    mine, theirs = _measured_claims(record), _measured_claims(primary)
+    if mine != theirs:
+        differ = sorted(mine ^ theirs)
+        return f"it measured another set of claims ({len(differ)} differ, e.g. {', '.join(differ[:3])})"
+    for cid, claim in record["claims"].items():
+        for r in claim.get("results", []):
+            for chk in r.get("checks", []):
+                if chk.get("se") is not None and schema.as_float(chk["measured"]) is None and chk["measured"] is not None \
+                        and str(chk["measured"]).strip().lower() != "nan":  # nan: not measured, as a record holds it
+                    return f"claim {cid}: {chk['q']} is {ascii(chk['measured'])[:40]}, not a number (a clocked value of a rerun must be one)"
+    return ""

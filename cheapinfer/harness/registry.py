@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -252,8 +253,8 @@ def fmt(value: Any) -> str:
 
 def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) -> Check:
     kind = raw.get("kind", "digits")
-    if "why" not in raw:
-        raise RegistryError(f"{claim_id}: check {raw.get('q')!r} says nothing about why its tolerance is what it is")
+    if not isinstance(raw.get("why"), str) or not raw["why"].strip():  # absent, or only spaces: says nothing
+        raise RegistryError(f"{claim_id}: check {raw.get('q')!r}: 'why' says nothing about why its tolerance is what it is")
     if kind == "digits":
         if raw.get("q") not in book:
             raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r} names no book value")
@@ -356,10 +357,23 @@ def _errata_from(claim_id: str, raw: Mapping[str, Any] | list, checks: tuple[Che
     return errata
 
 
+#: What a claim ID is: groups of upper-case letters, digits and '.' joined by '-' (KV-MHA-7X, KV-MEMORY-8.3X), at
+#: most 40 characters.
+ID_PATTERN = re.compile(r"[A-Z0-9][A-Z0-9.]*(?:-[A-Z0-9][A-Z0-9.]*)*")
+ID_MAX = 40
+
+
+def valid_id(claim_id: object) -> bool:
+    """Whether ``claim_id`` is a claim ID of the registry's form (:data:`ID_PATTERN`): nothing a terminal obeys."""
+    return isinstance(claim_id, str) and len(claim_id) <= ID_MAX and ID_PATTERN.fullmatch(claim_id) is not None
+
+
 def parse(text: str) -> dict[str, Claim]:
     data = tomllib.loads(text)
     claims = {}
     for claim_id, raw in data.items():
+        if not valid_id(claim_id):
+            raise RegistryError(f"{ascii(claim_id)}: not a claim ID (upper-case letters, digits and '.' joined by '-', at most {ID_MAX} characters)")
         section = raw.get("section")
         if section not in SECTIONS:
             raise RegistryError(f"{claim_id}: section {section!r} not in {tuple(SECTIONS)}")
@@ -401,6 +415,21 @@ def parse(text: str) -> dict[str, Claim]:
 def load() -> dict[str, Claim]:
     """All claims of the chapter, keyed by ID, in the book's order."""
     return parse(resources.files("cheapinfer").joinpath("registry.toml").read_text(encoding="utf-8"))
+
+
+#: The exit status of a command, and of pytest (its usage error), when the registry itself is broken.
+REGISTRY_EXIT = 4
+
+
+def problem() -> str:
+    """"" when the registry loads; else its error as one line: the file, then the claim, field and problem."""
+    try:
+        load()
+    except RegistryError as exc:
+        return f"the registry {resources.files('cheapinfer').joinpath('registry.toml')} is broken: {' '.join(str(exc).split())}"
+    except ValueError as exc:  # not TOML (tomllib.TOMLDecodeError is a ValueError)
+        return f"the registry {resources.files('cheapinfer').joinpath('registry.toml')} is not valid TOML: {' '.join(str(exc).split())}"
+    return ""
 
 
 def get(claim_id: str) -> Claim:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..runtime.files import why_not_a_directory
 from . import registry
 from .record import overall
 from .schema import ClaimEntry, RECORD_NAME, RUN_SCHEMA, ResultEntry, RunRecord
@@ -27,6 +28,8 @@ from . import errata, tables
 
 
 ERRATA_NAME = "errata.md"
+#: Why a selected claim has no result in an interrupted run.
+INTERRUPTED_REASON = "interrupted: the run was stopped before its test finished"
 #: Every run's own record, ``<report dir>/runs/<UTC stamp>-<run id>.json``, beside the latest ``run.json``.
 RUNS_DIR = "runs"
 #: A run's pytest-benchmark JSON beside its own record: ``runs/<UTC stamp>-<run id>.benchmarks.json``.
@@ -79,14 +82,17 @@ def build(
     tested: dict[str, list[str]],
     faults: dict[str, list[str]] | None = None,
     fault_run: dict[str, Any] | None = None,
+    unfinished: frozenset[str] | set[str] = frozenset(),
 ) -> RunRecord:
     """The run record. ``faults``: claim ID -> the known faults that turn it red (the catalogue);
-    ``fault_run``: the last ``python -m cheapinfer faults`` result, if there is one."""
+    ``fault_run``: the last ``python -m cheapinfer faults`` result, if there is one; ``unfinished``: the claims
+    whose tests were selected but not finished when the run was interrupted (not "not selected")."""
     claims: dict[str, ClaimEntry] = {}
     for claim_id, claim in registry.load().items():
         mine = [r for r in results if r["claim"] == claim_id]
         if not mine and claim_id in tested:
-            mine = [{"claim": claim_id, "profile": "-", "device": "-", "verdict": NOT_RUN, "reason": "its test was not selected in this run", "measured": {}, "checks": []}]
+            reason = INTERRUPTED_REASON if claim_id in unfinished else "its test was not selected in this run"
+            mine = [{"claim": claim_id, "profile": "-", "device": "-", "verdict": NOT_RUN, "reason": reason, "measured": {}, "checks": []}]
         claims[claim_id] = {
             "section": claim.section,
             "statement": claim.statement,
@@ -123,8 +129,11 @@ def build(
 def writable_dir(path: Path) -> Path:
     """``path``, created if needed, once a file could be written in it; ValueError with the reason otherwise."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError("it is a file, not a directory")
+    if str(path) == "":
+        raise ValueError("an empty path names no directory (it is not the current one)")
+    refusal = why_not_a_directory(path)
+    if refusal:
+        raise ValueError(refusal)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -169,6 +178,31 @@ def _staged(path: Path, data: str | bytes) -> Path:
     return tmp
 
 
+class PartlyWritten(OSError):
+    """:func:`atomic_write` renamed some of its files into place, then failed: which were replaced, which were not."""
+
+    def __init__(self, written: list[Path], unwritten: list[Path], cause: OSError):
+        self.written, self.unwritten = written, unwritten
+        super().__init__(cause.errno, f"{', '.join(map(str, written))} replaced, but {', '.join(map(str, unwritten))} not "
+                                      f"({cause.strerror or cause}): the files no longer belong to one run")
+
+
+def check_slots(outdir: Path) -> None:
+    """ValueError unless every file a run writes into ``outdir`` can go where it goes: ``runs/`` a directory (or
+    absent), ``run.json`` and ``errata.md`` regular files (or absent). Checked before any test runs."""
+    from ..runtime.files import kind_of
+
+    outdir = Path(outdir)
+    runs = outdir / RUNS_DIR
+    refusal = why_not_a_directory(runs) if runs.exists() or runs.is_symlink() else ""
+    if refusal:
+        raise ValueError(f"{runs}: {refusal}; this run's record could not be kept there")
+    for name in (RECORD_NAME, ERRATA_NAME):
+        kind = kind_of(outdir / name)
+        if kind:
+            raise ValueError(f"{outdir / name} is {kind}: the latest {name} could not be written there")
+
+
 def atomic_write(*files: tuple[Path, str | bytes]) -> None:
     """Write each ``(path, data)`` to a temporary file beside ``path``, then rename them over their paths: readers
     see the old files or the new ones, never a part. On any failure (a full disk, an interrupt) before the
@@ -177,8 +211,13 @@ def atomic_write(*files: tuple[Path, str | bytes]) -> None:
     try:
         for path, data in files:
             staged.append((_staged(Path(path), data), Path(path)))
-        for tmp, path in staged:
-            os.replace(tmp, path)
+        for i, (tmp, path) in enumerate(staged):
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                if i:
+                    raise PartlyWritten([p for _, p in staged[:i]], [p for _, p in staged[i:]], exc) from None
+                raise
     finally:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)  # already renamed, unless something failed

@@ -12,13 +12,13 @@ suite writes is a :class:`RecordError` with one line naming the place, never a t
 
 # No ``from __future__ import annotations`` here: TypedDict reads NotRequired from evaluated annotations only.
 import functools
-import json
 import math
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+from ..runtime.files import read_json
 from . import registry
 
 #: The files: the latest run record in a report directory (every run's own in ``runs/``), and the last fault run.
@@ -317,6 +317,8 @@ def check_record(record: Any) -> RunRecord:
     verdicts = registry.VERDICTS  # read now: a verdict added to the registry is known here at once
     known = ", ".join(verdicts)
     for cid, claim in record["claims"].items():
+        _expect(registry.valid_id(cid), f"claim {ascii(cid)[:60]}", "a claim ID (upper-case letters and digits joined by '-'): "
+                "text a terminal would obey (a newline, an ANSI escape) is no claim")
         where = f"claim {cid}"
         _conform(claim, ClaimEntry, where)
         _expect(claim["verdict"] in verdicts, f"{where}: 'verdict'", f"one of {known}, not {claim['verdict']!r}")
@@ -347,7 +349,8 @@ def record_path(path: Path, name: str = RECORD_NAME) -> Path:
 
 
 def _json_at(path: Path, name: str) -> Any:
-    return json.loads(record_path(path, name).read_text(encoding="utf-8"))
+    """The JSON at ``path`` (or ``name`` inside it), bounded and strict (:func:`cheapinfer.runtime.files.read_json`)."""
+    return read_json(record_path(path, name))
 
 
 def read_record(path: Path) -> RunRecord:

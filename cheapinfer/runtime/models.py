@@ -391,12 +391,17 @@ def find_book(path: str | None = None, variant: str = "instruct") -> Path:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(BOOK_REPOS[variant], local_files_only=True))
+        cached = Path(snapshot_download(BOOK_REPOS[variant], local_files_only=True))
     except (LocalEntryNotFoundError, OSError, ValueError) as exc:
         raise BookModelNotFound(
             f"book weights not found: pass --book-model PATH (a local copy of {BOOK_REPOS[variant]}) "
             f"or put {BOOK_REPOS[variant]} in the Hugging Face cache"
         ) from exc
+    try:  # the rule a local copy follows: complete safetensors weights, never a pickled checkpoint
+        _check_checkpoint(cached, f"the Hugging Face cache's {BOOK_REPOS[variant]} ({cached})", BOOK_REPOS[variant])
+    except BookModelError as exc:
+        raise BookModelNotFound(f"book weights not usable: {exc}; pass --book-model PATH (a local copy with safetensors weights)") from None
+    return cached
 
 
 def book(path: str | None = None, variant: str = "instruct", device: str | torch.device = "cpu", dtype: str = "fp32") -> Profile:
