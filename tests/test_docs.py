@@ -190,3 +190,16 @@ def test_library_updates_runs_oldest_pinned_latest_then_compare_and_merge():
     for env in ("oldest", "latest"):
         assert f"[testenv:{env}]" in tox
     assert "env_list = pinned" in tox
+
+
+def test_the_records_page_names_the_run_records_keys():
+    """docs/records.md's table of run.json keys is the schema's: a key added or removed there fails here."""
+    from typing import get_type_hints
+
+    from cheapinfer.harness import schema
+
+    page = (DOCS / "records.md").read_text(encoding="utf-8")
+    table = page[page.index("## The run.json schema"):page.index("## compare")]
+    documented = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    declared = set(get_type_hints(schema.RunRecord))
+    assert documented == declared
