@@ -233,6 +233,47 @@ _DELEGATED = {
 _TIMED = ("verify", "faults", "engine")
 
 
+COMMANDS = ("verify", "fetch", *_DELEGATED)
+
+
+class _Built(Exception):
+    """Carries the parser a command built, out of its ``parse_args`` (see :func:`command_parser`)."""
+
+    def __init__(self, parser: Parser):
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def command_parser(name: str) -> Parser:
+    """The argument parser command ``name`` builds, as it builds it: the command runs up to its first parse and
+    hands its parser back instead of parsing. The command-line reference (docs/cli.md) is generated from these."""
+    from unittest import mock
+
+    def hand_back(self, *args, **kwargs):
+        raise _Built(self)
+
+    if name not in COMMANDS:
+        raise ValueError(f"unknown command {name!r} (commands: {', '.join(COMMANDS)})")
+    run = {"verify": _verify, "fetch": _fetch}.get(name) or getattr(importlib.import_module(_DELEGATED[name]), f"{name}_cli")
+    with mock.patch.object(Parser, "parse_known_args", hand_back):  # parse_args goes through parse_known_args
+        try:
+            run(["--help"])
+        except _Built as built:
+            return built.parser
+    raise RuntimeError(f"cheapinfer {name} parsed no arguments")
+
+
+def parser() -> Parser:
+    """``python -m cheapinfer`` with every command as a subcommand, each with its own parser's arguments (for the
+    generated reference; :func:`main` dispatches on the first argument itself)."""
+    top = Parser(prog="python -m cheapinfer", description="The suite's commands; each prints its own --help.")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        own = command_parser(name)
+        commands.add_parser(name, parents=[own], add_help=False, help=own.description, description=own.description, epilog=own.epilog)
+    return top
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"verify": _verify, "fetch": _fetch}
