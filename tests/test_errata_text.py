@@ -142,3 +142,41 @@ def test_a_formula_in_the_prose_locale_is_no_finding():
     prose = "Een zin met 65.536 tokens en 4,25 bits per weight, lang genoeg om als proza te tellen, en nog wat woorden erbij.\n"
     assert textchecks.formula_findings(prose + "$4 + 16/128 = 4{,}125$\n$2 \\times 6 = 12$\n") == []
     assert [f["line"] for f in textchecks.formula_findings(prose + "$4 + 16/128 = 4.125$\n")] == [2]
+
+
+@needs_seeds
+@pytest.mark.parametrize("seed", SEEDS, ids=lambda p: p.name)
+def test_the_errata_command_writes_a_patch_that_git_apply_takes(seed, tmp_path, capsys):
+    from cheapinfer.__main__ import main
+
+    work = tmp_path / seed.name
+    shutil.copy(seed, work)
+    assert main(["errata", "--chapter", str(work), "-o", str(tmp_path / "errata.patch")]) == 0
+    assert "errata.patch" in capsys.readouterr().out
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("no git on this machine")
+    done = subprocess.run([git, "apply", "errata.patch"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    text = seed.read_text(encoding="utf-8")
+    assert work.read_text(encoding="utf-8") == locate.patched(text, locate.language_of(text))
+    # applied: the command refuses the patched chapter (its quotes are gone), and writes nothing
+    assert main(["errata", "--chapter", str(work), "-o", str(tmp_path / "again.patch")]) == 1
+    assert "refused, no patch written" in capsys.readouterr().err and not (tmp_path / "again.patch").exists()
+
+
+def test_the_errata_command_refuses_a_doubled_quote_and_bad_files_in_one_line(tmp_path, capsys):
+    from cheapinfer.__main__ import main
+
+    quotes = "\n".join(o.quotes["nl"] for e in locate.entries() for o in e.occurrences)
+    doubled = tmp_path / "doubled.txt"
+    doubled.write_text(quotes + "\n" + "de cache is telkens 768 MB\n", encoding="utf-8")
+    assert main(["errata", "--chapter", str(doubled), "-o", str(tmp_path / "x.patch")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "found more than once (lines 1, " in err and "768 MB" in err
+    binary = tmp_path / "b.txt"
+    binary.write_bytes(b"\xff\xfe\x00")
+    for path in (tmp_path / "absent.txt", binary, tmp_path):
+        assert main(["errata", "--chapter", str(path), "-o", str(tmp_path / "x.patch")]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.patch").exists()
