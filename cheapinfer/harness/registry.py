@@ -71,6 +71,8 @@ GRADES = {
     "listing defect": "a listing that does not run as printed, warns, or does something other than what the text says",
     "imprecision": "rounding against truncation, mixed units, a round number that overshoots the data",
     "translation": "the two translations differ in substance",
+    "note": "a printed value the evidence does not show wrong (it lies inside the spread the chapter's own premises allow): "
+            "documented, listed apart, never counted as an erratum",
 }
 DEVIATES = "deviates"
 NOT_RUN = "not run"

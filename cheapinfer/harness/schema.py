@@ -156,6 +156,7 @@ class RunHead(TypedDict):
     sections: NotRequired[dict[str, str]]
     fault_run: NotRequired[FaultRecord]
     errata: NotRequired[list[dict[str, Any]]]
+    text: NotRequired[dict[str, Any]]  # the graded findings placed in the chapter's translations (harness.author.text_record)
 
 
 class RunRecord(RunHead):

@@ -13,12 +13,17 @@ from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODU
 from .schema import CheckResult, ClaimEntry, RunRecord
 
 
-BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "shape holds", ERRATUM: "erratum (confirmed)", INCONCLUSIVE: "inconclusive",
+#: A verdict in a report's words; a stand-in's or twin's verdict says so first, so that nobody reads it as the book's digits confirmed.
+BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "stand-in: shape holds, book digits not run", ERRATUM: "erratum (confirmed)", INCONCLUSIVE: "inconclusive",
           DEVIATES: "**DEVIATES**", NOT_RUN: "not run", NO_TEST: "no test yet"}
 
 
 def value_text(v: Any) -> str:
     return fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v)
+
+
+#: The summary table's column for a verdict, where the verdict's own name could be misread.
+HEADER = {SHAPE_HOLDS: "stand-in: shape holds"}
 
 
 def cell(text: Any) -> str:
@@ -46,7 +51,7 @@ def summary_table(record: RunRecord) -> list[str]:
             rows.append([title] + [counts[key].get(v, 0) for v in VERDICTS] + [sum(counts[key].values())])
     total = Counter(c["verdict"] for c in record["claims"].values())
     rows.append(["**all**"] + [total.get(v, 0) for v in VERDICTS] + [sum(total.values())])
-    return markdown_table(["section", *VERDICTS, "claims"], rows)
+    return markdown_table(["section", *(HEADER.get(v, v) for v in VERDICTS), "claims"], rows)
 
 
 def machine_label(env: dict[str, Any]) -> str:
