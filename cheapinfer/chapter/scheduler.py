@@ -153,7 +153,7 @@ def policy_steps(model, policy: str, lengths: Sequence[int], slots: int, prompts
             for row in finished:
                 r = batch.requests[row]
                 out.latency_s[r], out.service_s[r] = clock, clock - admitted[r]
-            refill = [row for row in finished if queue]
+            refill = finished[: len(queue)]  # more rows may finish in one step than requests are queued
             for row in refill:  # a freed slot admits the next queued request at the next step
                 r = queue.pop()
                 batch.admit(r, lengths[r], prompts[r], row=row)

@@ -1,0 +1,161 @@
+"""Property tests over drawn workloads: the scheduler, the batch simulator, the paged cache's block tables and the
+speculative loop, each on many draws instead of the one seeded workload a claim measures.
+
+Hypothesis runs derandomized (its draws are a fixed function of the test, so every CI run tries the same examples and
+no example database is needed) with enough examples to reach the case that crashed the scheduler: more rows finishing
+in one step than requests still queued (before the fix, ``policy_steps`` popped an empty queue).
+"""
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from cheapinfer.chapter import kv_macs, paging, scheduler, speculative, workload
+
+PROPERTY = settings(derandomize=True, database=None, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+lengths_st = st.lists(st.integers(1, 12), min_size=1, max_size=24)
+slots_st = st.integers(1, 8)
+
+
+class _CountingBatch:
+    """The scheduler's batch interface (admit, step, drop) over bookkeeping alone: one step decrements every row's
+    remaining tokens and returns the rows that reached 0. Records the step at which each request finished."""
+
+    def __init__(self, log: dict[int, list[int]], clock: list[int]):
+        self.requests: list[int] = []
+        self.left: list[int] = []
+        self.log, self.clock = log, clock
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def admit(self, request: int, length: int, prompt_token: int, row: int | None = None) -> None:
+        if row is None:
+            self.requests.append(request)
+            self.left.append(length)
+        else:
+            assert self.left[row] <= 0, "a row was refilled before its request finished"
+            self.requests[row], self.left[row] = request, length
+
+    def drop(self, rows: list[int]) -> None:
+        keep = [i for i in range(len(self)) if i not in set(rows)]
+        self.requests = [self.requests[i] for i in keep]
+        self.left = [self.left[i] for i in keep]
+
+    def step(self) -> list[int]:
+        self.clock[0] += 1
+        self.left = [n - 1 for n in self.left]
+        done = [i for i, n in enumerate(self.left) if n == 0]  # finished at this step (padding rows go below 0)
+        for i in done:
+            self.log.setdefault(self.requests[i], []).append(self.clock[0])
+        return [i for i, n in enumerate(self.left) if n <= 0]
+
+
+def _run(policy: str, lengths: list[int], slots: int) -> tuple[dict[int, list[int]], workload.PolicyResult]:
+    """The real scheduler (:func:`scheduler.policy_steps`) over a counting batch: each request's finishing steps."""
+    log: dict[int, list[int]] = {}
+    clock = [0]
+    out = workload.PolicyResult(policy, 0.0, sum(lengths), 0, [0.0] * len(lengths), [0.0] * len(lengths), sum(lengths))
+    holder = torch.nn.Linear(1, 1)  # the scheduler reads the device from a model's parameters
+    for _ in scheduler.policy_steps(holder, policy, lengths, slots, [0] * len(lengths), out, new_batch=lambda: _CountingBatch(log, clock)):
+        pass
+    return log, out
+
+
+@PROPERTY
+@given(lengths_st, slots_st)
+@example([1, 1, 1, 5], 3)  # three rows finish at step 1 with one request queued: the draw that crashed the scheduler
+def test_real_scheduler_returns_every_request_once(lengths, slots):
+    """No crash on any draw; every request finishes exactly once, after exactly its length of steps in its row
+    (continuous) or by its group's longest (static); the step counts are the simulation's."""
+    for policy in ("static", "continuous"):
+        log, out = _run(policy, lengths, slots)
+        assert sorted(log) == list(range(len(lengths))), policy
+        assert all(len(v) == 1 for v in log.values()), policy
+        assert out.steps == workload.simulate(policy, lengths, slots, dict.fromkeys(range(1, slots + 1), 1.0)).steps, policy
+
+
+@PROPERTY
+@given(lengths_st, slots_st)
+def test_continuous_never_finishes_a_request_later_than_static(lengths, slots):
+    """By induction over the static groups: every earlier request is done by the time static starts a group, so
+    continuous has admitted the whole group by then, and each member then runs exactly its own length. Checked on the
+    real scheduler's step counts and on the simulation's latencies (unit step cost)."""
+    static, _ = _run("static", lengths, slots)
+    continuous, _ = _run("continuous", lengths, slots)
+    assert all(continuous[r][0] <= static[r][0] for r in range(len(lengths)))
+    unit = dict.fromkeys(range(1, slots + 1), 1.0)
+    s, c = workload.simulate("static", lengths, slots, unit), workload.simulate("continuous", lengths, slots, unit)
+    assert all(lc <= ls for lc, ls in zip(c.latency_s, s.latency_s))
+    assert c.steps <= s.steps
+
+
+@PROPERTY
+@given(st.integers(0, 10_000))
+def test_skewed_lengths_have_the_printed_statistics_on_every_seed(seed):
+    lengths = workload.skewed_lengths(seed=seed)
+    assert workload.length_stats(lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
+
+
+@st.composite
+def _pool_ops(draw):
+    ops = draw(st.lists(st.tuples(st.sampled_from(["add", "reserve", "fork", "truncate", "remove"]), st.integers(0, 5), st.integers(1, 20)), max_size=40))
+    return ops
+
+
+@PROPERTY
+@given(_pool_ops())
+def test_paged_block_tables_stay_consistent_and_free_every_block(ops):
+    """Any sequence of adds, reservations, forks, truncations and removals keeps every block's reference count equal to
+    the tables holding it; each table holds exactly the blocks its tokens need; removing every sequence frees every block."""
+    bs = 4
+    pool = paging.PagedKVCache(num_blocks=64, block_size=bs, kv_heads=1, head_dim=2)
+    names = itertools.count()
+    for op, who, n in ops:
+        live = list(pool.tables)
+        seq = live[who % len(live)] if live else None
+        try:
+            if op == "add" or seq is None:
+                pool.add(next(names))
+            elif op == "reserve":
+                pool.reserve(seq, n)
+            elif op == "fork":
+                pool.fork(seq, next(names), min(n, pool.lengths[seq]))
+            elif op == "truncate":
+                pool.truncate(seq, min(n, pool.lengths[seq]))
+            else:
+                pool.remove(seq)
+        except paging.OutOfBlocks:
+            pass
+        assert pool.tables_consistent()
+        assert all(len(t) == -(-pool.lengths[s] // bs) for s, t in pool.tables.items())
+    for seq in list(pool.tables):
+        pool.remove(seq)
+    assert pool.blocks_in_use == 0 and pool.tables_consistent()
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    target = kv_macs.tiny_model(kv_macs.tiny_arch(), dtype=torch.float64).eval()
+    torch.manual_seed(1)
+    draft = kv_macs.tiny_model(kv_macs.tiny_arch(layers=1), dtype=torch.float64).eval()
+    return target, draft
+
+
+@settings(derandomize=True, database=None, max_examples=25, deadline=None)
+@given(st.lists(st.integers(2, 255), min_size=1, max_size=6), st.integers(1, 12), st.integers(1, 6))
+def test_speculative_loop_emits_greedy_tokens(models, prompt, new_tokens, gamma):
+    """The speculative loop (any draft, any gamma) emits exactly the target's greedy tokens, in float64 (no near-ties);
+    its own count of passes: one target pass per kept group, gamma draft passes per target pass at most."""
+    target, draft = models
+    alone = speculative.generate(target, prompt, new_tokens, stop_at_eos=False)
+    spec = speculative.generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=False)
+    assert spec.tokens == alone.tokens and len(spec.tokens) == new_tokens
+    assert alone.target_passes == new_tokens
+    assert sum(spec.kept_per_pass) == new_tokens and len(spec.kept_per_pass) == spec.target_passes
+    assert spec.draft_passes <= gamma * spec.target_passes

@@ -1,0 +1,89 @@
+"""The arithmetic the registry states is recomputed: a ``why`` (or note, erratum, source reading) whose numbers are
+wrong fails here, not in a reader's head.
+
+- every ``arithmetic = number`` in the registry's text (cheapinfer.harness.whys), to the stated number's precision;
+- every floating-point unit roundoff the text names for bf16, fp16 or fp32, against torch.finfo;
+- the numbers the text states about the suite's own constants and functions (a length divisor, an implied c).
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from cheapinfer.harness import registry, whys
+
+REGISTRY = Path(registry.__file__).resolve().parent.parent / "registry.toml"
+TEXT = REGISTRY.read_text(encoding="utf-8")
+
+
+def test_every_stated_equation_recomputes():
+    stated = whys.registry_equations(REGISTRY)
+    assert len(stated) >= 40, "the parser found too few equations: it no longer reads the registry's text"
+    wrong = [s.describe() for s in stated if not s.holds]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("text, holds", [
+    ("0.01 is 2.6 units of bf16 rounding (0.01 / 2^-8 = 2.56)", True),
+    ("0.01 is 5 units of bf16 rounding (0.01 / 2^-8 = 5)", False),  # the old why's count of units against bf16's roundoff
+    ("4 + 32/64 = 4.50 bits", True),
+    ("4 + 32/64 = 4.25 bits", False),
+    ("65,378 / 3,136 = 20.85", True),
+    ("(48 D + 51 p) = 12", None),  # symbols: not arithmetic, not read
+    ("2 x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B", True),
+    ("142 / 144 = 98.6%", True),
+])
+def test_the_parser_reads_and_judges(text, holds):
+    found = list(whys.equations(text))
+    assert (found[0].holds if found else None) == holds
+
+
+FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def test_every_unit_roundoff_named_is_the_formats():
+    """u = eps / 2 (round to nearest): bf16 2^-8, fp16 2^-11, fp32 2^-24. Each 'bf16's u = 2^-k', 'fp16's 2^-k' or
+    'u = 2^-k' after a format's name within the same clause must give that format's k."""
+    seen = 0
+    for m in re.finditer(r"\b(bf16|fp16|fp32)\b(?:'s)?[^.;:]{0,40}?\b(?:u = |unit roundoff,? |)2\^-(\d+)", TEXT):
+        want = -int(torch.log2(torch.tensor(torch.finfo(FORMATS[m[1]]).eps / 2)).item())
+        assert int(m[2]) == want, f"{m[0]!r}: {m[1]}'s unit roundoff is 2^-{want}"
+        seen += 1
+    assert seen >= 10
+    assert "2^-9" not in TEXT, "2^-9 is no format's unit roundoff (bf16 2^-8, fp16 2^-11)"
+
+
+def test_units_of_rounding_are_the_bound_over_the_roundoff():
+    """'B is N units of bf16 rounding': N = B / 2^-8, to the digits stated."""
+    found = re.findall(r"([\d.]+) is ([\d.]+) units of (bf16|fp16) rounding", TEXT)
+    assert found
+    for bound, units, fmt in found:
+        u = torch.finfo(FORMATS[fmt]).eps / 2
+        assert abs(float(bound) / u - float(units)) <= whys.precision(units), (bound, units, fmt)
+
+
+def test_the_cpu_length_divisor_stated_is_the_codes():
+    from cheapinfer.chapter import batch_curve
+
+    for claim_id in ("PAGE-WASTE", "BAT-STATIC-CONT"):
+        note = registry.get(claim_id).note
+        divisors = {int(d) for d in re.findall(r"(?:divided by|lengths /) (\d+)", note)}
+        assert divisors == {batch_curve.CPU_LENGTH_SCALE}, (claim_id, divisors)
+
+
+def test_the_implied_draft_cost_stated_is_the_formulas():
+    """SPEC-GAMMA8's note states the c each printed speedup implies; recomputed from the printed speedups."""
+    from cheapinfer.chapter import speculative
+
+    claim = registry.get("SPEC-GAMMA8")
+    b = claim.book
+    implied = {a: round(speculative.implied_c(v, a, b["gamma"]), 3) for a, v in ((b["alpha_high"], b["speedup_a09"]), (b["alpha_low"], b["speedup_a03"]))}
+    stated = {float(a) / 100: float(c) for c, a in re.findall(r"c = (0\.\d{3}) at (\d+)%", claim.note)}
+    assert stated == implied
+
+
+def test_the_fp16_score_bytes_stated():
+    n = registry.get("KV-SCORES-BYTES").book["n"]
+    assert f"{n * n * 2:,} B" in TEXT and f"{n * n * 2 / 1e6:.2f} MB" in TEXT
