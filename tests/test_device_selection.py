@@ -84,3 +84,13 @@ def test_the_plugin_configures_on_a_cuda_machine(tmp_path, device, env):
                    env={**os.environ, "PYTHONPATH": str(TESTS), "FAKE_CUDA_PLUGIN": "1", **extra})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "INTERNALERROR" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("capability, refused", [((7, 5), True), ((8, 0), False), ((9, 0), False)])
+def test_bf16_twin_needs_an_ampere_card(fake, monkeypatch, capability, refused):
+    from cheapinfer.runtime import models
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    why = models.unusable_twin_dtype("bf16", "cuda:0")
+    assert bool(why) == refused and (not why or "8.0" in why)
+    assert models.unusable_twin_dtype("fp16", "cuda:0") is None
