@@ -84,7 +84,7 @@ def _verify(argv: list[str]) -> int:
 
     def command(report_dir: Path, claims: list[str] | None) -> list[str]:
         """The claims' pytest, as every run of verify starts it."""
-        cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", str(device) if args.isa_matrix else args.device,
+        cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", str(device),
                "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
         if args.book_model:
             cmd += ["--book-model", args.book_model]

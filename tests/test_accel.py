@@ -146,3 +146,11 @@ def test_an_unreported_cache_is_assumed_and_says_so(monkeypatch):
     monkeypatch.setattr(glob, "glob", lambda p: [])
     assert accel.last_level_cache(CPU) == (accel.ASSUMED_CACHE_BYTES, False)
     assert accel.stream_bytes(CPU) >= accel.PROBE_OVER_CACHE * accel.ASSUMED_CACHE_BYTES
+
+
+def test_a_rocm_build_is_recorded_as_rocm_not_as_a_cpu_build(monkeypatch):
+    """torch on ROCm answers torch.cuda; the record names HIP and MIOpen, never "CPU build" or cuDNN."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133", raising=False)
+    desc = accel.describe("cpu")
+    assert desc["cuda"] == "n/a (ROCm/HIP 6.2.41133 build)" and "CPU build" not in desc["cuda"]

@@ -69,10 +69,10 @@ def test_generate_on_the_paged_cache_equals_dynamic_cache(which, new_tokens, req
 def test_suite_loop_on_the_paged_cache_equals_its_own_cache(stand_in):
     """The suite's own greedy loop (kv.greedy_cached) on the paged cache hands back what was written and gives its own cache's tokens up to near-ties; crop gives blocks back."""
     model = stand_in.model
-    ids = torch.tensor([stand_in.tokenizer("The history of the Roman empire began when")["input_ids"]])
+    ids = torch.tensor([stand_in.tokenizer("The history of the Roman empire began when")["input_ids"]], device=stand_in.device)
     with timing.cpu_threads():
         want = kv.greedy_cached(model, ids, NEW_TOKENS)
-        cache = paging.paged_cache(model.config, num_blocks=4, block_size=16)
+        cache = paging.paged_cache(model.config, num_blocks=4, block_size=16, device=stand_in.device)
         moves = _HandsBackWhatWasWritten(cache)
         got = kv.greedy_cached(model, ids, NEW_TOKENS, cache=cache)
     assert moves.updates == model.config.num_hidden_layers * NEW_TOKENS

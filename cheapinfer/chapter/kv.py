@@ -165,7 +165,7 @@ class Head:
 
 
 def head_row_bound(head: Head) -> torch.Tensor:
-    """First-order probable bound (float64, ``[1, d]``) of the fp32 error of the head's step-n output, by either path.
+    """First-order probable bound (float64, ``[1, d]``, on the head's device) of the fp32 error of the head's step-n output, by either path.
 
     The step in float64 with a zero perturbation after every operation, each with the squared
     bounds of the single roundings it stands for (u = 2^-24; m: the magnitude |x||W| a rounding is
@@ -200,7 +200,7 @@ def head_row_bound(head: Head) -> torch.Tensor:
         eye = torch.eye(head.d, dtype=torch.float64)[:, None, :]  # [d, 1, d]: one backward per output, batched
         grads = torch.autograd.grad(o, list(zero.values()), grad_outputs=eye, is_grads_batched=True)  # each [d, *site]
     total = sum((g**2 * squares[name]).flatten(1).sum(1) for g, name in zip(grads, zero))  # [d]
-    return rounding.LAMBDA * total.sqrt()[None, :]
+    return (rounding.LAMBDA * total.sqrt()[None, :]).to(head.x.device)  # beside the outputs it bounds
 
 
 def config_head_dim(config) -> int:

@@ -160,8 +160,9 @@ def rounding_rule(quantizer) -> str:
     return f"other: {codes}"
 
 
-def nf4_codebook(dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.tensor(NF4_CODEBOOK, dtype=dtype)
+def nf4_codebook(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The 16 NF4 levels, on ``device``: the device of the values they are compared with or indexed for."""
+    return torch.tensor(NF4_CODEBOOK, dtype=dtype, device=device)
 
 
 def nf4_from_quantiles() -> list[float]:
@@ -270,7 +271,7 @@ def normalise(w: torch.Tensor, s: Scheme, scale_dtype: torch.dtype) -> tuple[tor
 def to_codes(x: torch.Tensor, s: Scheme, rounding: str | None = None) -> torch.Tensor:
     """Signed int8 codes of normalised values: INT levels, or for NF4 the nearest level's index - 8."""
     if s.kind == "nf4":
-        book = nf4_codebook()
+        book = nf4_codebook(x.dtype, x.device)
         mids = (book[1:] + book[:-1]) / 2  # 15 decision thresholds
         return (torch.bucketize(x, mids) - 8).to(torch.int8)  # nearest level; index 0..15 -> -8..7
     return round_codes(x, rounding).clamp_(-s.qmax - 1, s.qmax).to(torch.int8)
@@ -278,7 +279,7 @@ def to_codes(x: torch.Tensor, s: Scheme, rounding: str | None = None) -> torch.T
 
 def code_values(codes: torch.Tensor, s: Scheme) -> torch.Tensor:
     """The normalised value of each code (fp32): the integer itself, or the NF4 level."""
-    return nf4_codebook()[codes.long() + 8] if s.kind == "nf4" else codes.to(torch.float32)
+    return nf4_codebook(device=codes.device)[codes.long() + 8] if s.kind == "nf4" else codes.to(torch.float32)
 
 
 def quantize(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None, rounding: str | None = None) -> QuantizedTensor:

@@ -275,6 +275,9 @@ def describe(device: torch.device | str) -> dict[str, str]:
         "cuda": torch.version.cuda or "n/a (CPU build)",  # the CUDA torch was built with
         "cudnn": "n/a",
     }
+    hip = getattr(torch.version, "hip", None)
+    if hip:  # a ROCm build answers torch.cuda for an AMD GPU: its library is HIP, its DNN library MIOpen
+        desc["cuda"] = f"n/a (ROCm/HIP {hip} build)"
     if _cuda(device):
         props = torch.cuda.get_device_properties(device)
         driver_cuda = getattr(torch._C, "_cuda_getDriverVersion", lambda: 0)()  # e.g. 12040: the newest CUDA the driver runs
@@ -284,6 +287,6 @@ def describe(device: torch.device | str) -> dict[str, str]:
             "gpu_capability": f"{props.major}.{props.minor}",
             "driver": _nvidia_smi("driver_version"),
             "cuda_driver": f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}" if driver_cuda else "n/a",
-            "cudnn": str(torch.backends.cudnn.version()),
+            "cudnn": f"n/a (ROCm: MIOpen {torch.backends.cudnn.version()})" if hip else str(torch.backends.cudnn.version()),
         }
     return desc

@@ -48,7 +48,21 @@ def pick(requested: str = "auto") -> torch.device:
                 f"--device {requested}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
                 f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')} renumbers them from 0)"
             )
-        torch.cuda.set_device(device)  # tensors made on plain "cuda" land on the chosen card
+        try:
+            # torch.cuda.set_device refuses a torch.device without an index: plain "cuda" is the current card
+            device = indexed(device)
+            torch.cuda.set_device(device)  # tensors made on plain "cuda" land on the chosen card
+        except (RuntimeError, ValueError, AssertionError) as exc:  # a driver that fails to start, a card in use
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DeviceUnavailable(f"--device {requested}: torch could not select the CUDA device: {first}") from None
+    return device
+
+
+def indexed(device: torch.device | str) -> torch.device:
+    """``device`` with its index: plain ``cuda`` is the current CUDA device, ``cuda:<current>``; other devices as given."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -84,10 +98,7 @@ def environment(device: torch.device | str) -> dict[str, str]:
     config; with ``CUDA_VISIBLE_DEVICES`` numbered among the visible cards): a run on the CPU says ``gpu = none``.
     The returned dict is shared: copy it before changing it.
     """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _environment(str(device))
+    return _environment(str(indexed(device)))
 
 
 @functools.lru_cache(maxsize=4)

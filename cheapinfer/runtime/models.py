@@ -153,6 +153,11 @@ def claim_dtype(purpose: str, device: str | torch.device, requested: str | None 
     raise ValueError(f"no dtype rule for the purpose {purpose!r}; the rules: {', '.join(DTYPE_RULES)}")
 
 
+#: The compute capability from which NVIDIA GPUs have bf16 tensor-core kernels (Ampere, sm80); an older card
+#: emulates or refuses bf16, and its timings would be the emulation's.
+BF16_CAPABILITY = (8, 0)
+
+
 def unusable_twin_dtype(requested: str | None, device: str | torch.device) -> str | None:
     """Why ``--twin-dtype requested`` cannot time the twin's claims on ``device``, or None.
 
@@ -162,7 +167,15 @@ def unusable_twin_dtype(requested: str | None, device: str | torch.device) -> st
     its 110 in torch's CPU flash-attention kernel (about 3 GFLOP/s on a one-query decode), and cached generation of
     48 tokens came out 1.69x faster than recomputation; in fp32 the same runs give 1.02x and 3.87x. Those verdicts
     would read as errata of the book, so the setting is refused."""
-    if requested in (None, "fp32") or torch.device(device).type != "cpu":
+    if requested in (None, "fp32"):
+        return None
+    if torch.device(device).type == "cuda":
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+        if requested == "bf16" and (major, minor) < BF16_CAPABILITY:
+            return (f"bf16: this GPU has compute capability {major}.{minor}; bf16 matrix kernels need "
+                    f"{BF16_CAPABILITY[0]}.{BF16_CAPABILITY[1]} (Ampere) or later: use fp16")
+        return None
+    if torch.device(device).type != "cpu":
         return None
     return (f"{requested}: on a CPU the twin runs in fp32, the dtype its clocked claims' bounds are derived for; in {requested} "
             "the CPU's own kernels set its timings, not the bytes the book counts (bf16 on an AVX512-BF16 CPU: a decode step at "

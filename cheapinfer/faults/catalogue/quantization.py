@@ -116,7 +116,7 @@ def _q_scales_fp32():
     what="the NF4 codebook is 16 evenly spaced levels over [-1, 1] instead of the normal quantiles",
 )
 def _q_nf4_uniform():
-    with patched(quant, "nf4_codebook", lambda dtype=torch.float32: torch.linspace(-1.0, 1.0, 16, dtype=dtype)):
+    with patched(quant, "nf4_codebook", lambda dtype=torch.float32, device="cpu": torch.linspace(-1.0, 1.0, 16, dtype=dtype, device=device)):
         yield
 
 

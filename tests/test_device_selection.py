@@ -1,0 +1,96 @@
+"""Device selection on a CUDA machine, tested on a CPU (:mod:`fake_cuda`): ``auto``, ``cuda``, ``cuda:N`` and
+``CHEAPINFER_DEVICE``, through ``pick``, ``verify --device cuda`` and the pytest plugin's configure.
+
+``torch.cuda.set_device`` refuses a ``torch.device`` without an index; the fake keeps that rule, so a selection
+that hands it plain ``cuda`` fails here as it would on the first GPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cheapinfer import __main__ as cli
+from cheapinfer.runtime import device as devices
+from fake_cuda import FakeCuda
+from harness import python_m
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.delenv("CHEAPINFER_DEVICE", raising=False)
+    return FakeCuda(count=2, current=1).install(monkeypatch)
+
+
+def test_the_fake_keeps_torchs_index_rule(fake):
+    with pytest.raises(ValueError, match="specified index"):
+        torch.cuda.set_device(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("requested, env, expected", [
+    ("auto", None, "cuda:1"), ("cuda", None, "cuda:1"), ("cuda:0", None, "cuda:0"), ("cuda:1", None, "cuda:1"),
+    ("auto", "cuda", "cuda:1"), ("auto", "cuda:0", "cuda:0"), ("auto", "cpu", "cpu"), ("cpu", "cuda", "cpu"),
+])
+def test_pick_selects_an_indexed_cuda_device(fake, monkeypatch, requested, env, expected):
+    """Plain ``cuda`` (asked for, chosen by ``auto`` or by ``CHEAPINFER_DEVICE``) is the current card, with its index."""
+    if env:
+        monkeypatch.setenv("CHEAPINFER_DEVICE", env)
+    got = devices.pick(requested)
+    assert str(got) == expected
+    assert fake.selected == ([] if expected == "cpu" else [got.index])
+
+
+def test_pick_names_the_cards_there_are(fake):
+    with pytest.raises(devices.DeviceUnavailable, match="cuda:0 to cuda:1"):
+        devices.pick("cuda:2")
+
+
+def test_a_card_that_cannot_be_selected_is_one_line(monkeypatch):
+    FakeCuda(count=1, fail="CUDA error: all CUDA-capable devices are busy or unavailable\nmore").install(monkeypatch)
+    with pytest.raises(devices.DeviceUnavailable) as err:
+        devices.pick("cuda")
+    assert "busy or unavailable" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_verify_device_cuda_starts_the_claims_on_the_indexed_card(fake, monkeypatch, tmp_path, capsys):
+    started = []
+    monkeypatch.setattr(cli, "_run_interruptibly", lambda cmd, env: (started.append(cmd), (cli._NOTHING_SELECTED, False))[1])
+    code = cli.main(["verify", "--device", "cuda", "--report-dir", str(tmp_path)])
+    assert started, capsys.readouterr()
+    assert code != 0 and "Traceback" not in capsys.readouterr().err
+    cmd = started[0]
+    assert cmd[cmd.index("--device") + 1] == "cuda:1"
+
+
+def test_verify_on_a_card_that_fails_is_one_line(monkeypatch, tmp_path, capsys):
+    FakeCuda(count=1, fail="CUDA error: initialization error").install(monkeypatch)
+    assert cli.main(["verify", "--device", "cuda", "--report-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "initialization error" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("device, env", [("cuda", None), ("auto", None), ("cuda:1", None), ("auto", "cuda")])
+def test_the_plugin_configures_on_a_cuda_machine(tmp_path, device, env):
+    """pytest with the suite's plugin on a (fake) two-card machine: configure selects the card, collection runs,
+    no INTERNALERROR."""
+    extra = {"CHEAPINFER_DEVICE": env} if env else {}
+    run = python_m("pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", "-p", "fake_cuda", f"--report-dir={tmp_path}",
+                   "--device", device, "tests/test_layout.py", "--co", "-q", cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": str(TESTS), "FAKE_CUDA_PLUGIN": "1", **extra})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "INTERNALERROR" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("capability, refused", [((7, 5), True), ((8, 0), False), ((9, 0), False)])
+def test_bf16_twin_needs_an_ampere_card(fake, monkeypatch, capability, refused):
+    from cheapinfer.runtime import models
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    why = models.unusable_twin_dtype("bf16", "cuda:0")
+    assert bool(why) == refused and (not why or "8.0" in why)
+    assert models.unusable_twin_dtype("fp16", "cuda:0") is None
