@@ -9,6 +9,6 @@
   and ``--stress``); ``pytest_options`` (the options' pytest11 entry point).
 
 No torch: nothing here imports it, so that reading, comparing and reporting records works anywhere
-(``tests/test_layout.py``). May import the modules of ``cheapinfer.runtime`` that load no torch (``cli``,
+(``tests/test_layout.py``). May import the modules of ``cheapinfer.runtime`` that load no torch (``cli``, ``memory``,
 ``profiles``); never ``chapter``, ``faults`` or ``reference``.
 """

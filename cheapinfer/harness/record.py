@@ -71,6 +71,7 @@ class Result:
     perturbed: bool = False
     harness_error: bool = False  # not run because the test raised before a verdict (is_harness_error)
     load: dict[str, Any] = field(default_factory=dict)  # the machine's load around a clocked measurement (load average, CPU steal)
+    memory: dict[str, Any] = field(default_factory=dict)  # after the test: the process's peak and current resident set (schema.ResultEntry)
 
     def to_dict(self) -> ResultEntry:
         """The result as the run record holds it (:class:`cheapinfer.harness.schema.ResultEntry`)."""
@@ -136,3 +137,29 @@ def overall(results: list[dict[str, Any]]) -> str:
     if not results:
         return NO_TEST
     return min((r["verdict"] for r in results), key=_RANK.__getitem__)
+
+
+def run_peak(results: list[ResultEntry], process_peak: int | None = None, top: int = 5) -> dict[str, Any]:
+    """The run's peak resident set and the result that set it, from ``results`` in the order they ran (each with
+    ``memory.peak_rss_bytes``, the process's peak after it: it never falls). ``process_peak``: the peak at the end of
+    the run, if it was read (it includes what ran after the last claim).
+
+    ``set_by``: the first result after which the peak stood at its maximum, i.e. the claim (its fixtures included)
+    during which the process reached it. ``rises``: the ``top`` results that raised the peak most, largest first, each
+    with ``rise_bytes`` over the peak before it. Empty where no result recorded its memory."""
+    before, peak, set_by, rises = 0, 0, None, []
+    for r in results:
+        after = r.get("memory", {}).get("peak_rss_bytes")
+        if after is None:
+            continue
+        who = {"claim": r.get("claim", "?"), "profile": r.get("profile", "?"), "test": r.get("test", "")}
+        if after > before:
+            rises.append({**who, "rise_bytes": after - before, "peak_rss_bytes": after})
+        if after > peak:
+            peak, set_by = after, {**who, "peak_rss_bytes": after}
+        before = max(before, after)
+    if set_by is None:
+        return {}
+    out: dict[str, Any] = {"peak_rss_bytes": max(peak, process_peak or 0), "set_by": set_by}
+    out["rises"] = sorted(rises, key=lambda x: -x["rise_bytes"])[:top]
+    return out

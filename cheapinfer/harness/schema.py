@@ -91,6 +91,10 @@ class ResultEntry(TypedDict):
     perturbed: NotRequired[bool]
     harness_error: NotRequired[bool]  # not run because the test raised before a verdict (record.is_harness_error)
     load: NotRequired[dict[str, Any]]
+    # After the test (its fixtures' setup included): ``peak_rss_bytes``, the process's maximum resident set so far (it
+    # never falls: the result after which it last rose set the run's peak); ``rss_bytes``, the resident set then; on a
+    # GPU ``device_peak_bytes``, torch's peak allocation during the test. Records before it have none.
+    memory: NotRequired[dict[str, int]]
 
 
 class ClaimEntry(TypedDict):

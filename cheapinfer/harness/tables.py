@@ -11,6 +11,7 @@ from typing import Any
 from . import registry
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 from .schema import CheckResult, ClaimEntry, RunRecord
+from ..runtime.memory import gib
 
 
 #: A verdict in a report's words; a stand-in's or twin's verdict says so first, so that nobody reads it as the book's digits confirmed.
@@ -85,3 +86,17 @@ def printed_text(claim: ClaimEntry, key: str) -> str:
 def noise_words(chk: CheckResult) -> str:
     """How a noisy check's standard error was estimated, in words (a record without the kind: over the rounds)."""
     return registry.NOISE_WORDS.get(chk.get("noise") or "rounds", "standard error")
+
+
+def memory_lines(record: RunRecord) -> list[str]:
+    """The run's peak resident memory in one line, the claim that set it and the claims that raised it most
+    (``run.memory``, :func:`cheapinfer.harness.record.run_peak`); nothing for a record without it."""
+    mem = record.get("run", {}).get("memory") or {}
+    if not mem.get("set_by"):
+        return []
+    by = mem["set_by"]
+    line = f"peak resident memory: {gib(mem['peak_rss_bytes'])} (the process's maximum resident set), reached in {by['claim']} ({by['profile']})"
+    if mem["peak_rss_bytes"] > by["peak_rss_bytes"]:
+        line += f" at {gib(by['peak_rss_bytes'])}, and after the last claim"
+    rises = [f"{r['claim']} ({r['profile']}) +{gib(r['rise_bytes'])}" for r in mem.get("rises", []) if r["rise_bytes"] >= 0.05 * 2**30]  # shown to 0.1 GiB
+    return [line] + (["raised most by: " + ", ".join(rises)] if rises else [])

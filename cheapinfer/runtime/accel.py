@@ -29,6 +29,8 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import memory
+
 #: Bytes of the copy that measures a device's bandwidth: far beyond any last-level cache (a CPU's
 #: tens of MB, an H100's or H200's 50-60 MB of L2), so the copy streams from and to memory.
 COPY_BYTES = 512 * 2**20
@@ -152,6 +154,18 @@ def peak_above_resident(fn: Callable[[], object], device: torch.device | str) ->
     return tracker.peak
 
 
+def device_peak(device: torch.device | str) -> int | None:
+    """Bytes torch allocated at most on a CUDA device since its last :func:`reset_device_peak`; None on a CPU (the
+    process's resident set is :func:`cheapinfer.runtime.memory.peak_rss`)."""
+    return int(torch.cuda.max_memory_allocated(device)) if _cuda(device) else None
+
+
+def reset_device_peak(device: torch.device | str) -> None:
+    """Start :func:`device_peak` afresh (a CUDA device; nothing on a CPU)."""
+    if _cuda(device):
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def available_memory(device: torch.device | str) -> int:
     """Bytes the device can still hand out now: on CUDA the driver's free memory plus what torch's caching
     allocator holds unused; on a CPU the kernel's estimate of memory available without swapping
@@ -159,14 +173,7 @@ def available_memory(device: torch.device | str) -> int:
     if _cuda(device):
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return memory.available()
 
 
 # ------------------------------------------------------------------------------------------------
