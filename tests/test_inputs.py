@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cheapinfer.runtime import artifacts, models
 from harness import python_m
@@ -177,7 +178,7 @@ def _cheapinfer(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subpro
 
 def test_an_unknown_command_is_one_line_naming_the_valid_ones():
     line = _one_line(_cheapinfer("nope"), 2)
-    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, engine; "
+    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, engine, errata; "
                     "python -m cheapinfer --help says what each does)")
 
 
@@ -295,11 +296,15 @@ def test_the_twin_follows_its_option_and_else_the_device():
         models.claim_dtype("fast", "cpu")
 
 
-def test_a_16_bit_twin_is_refused_on_a_cpu_and_taken_on_cuda():
+def test_a_16_bit_twin_is_refused_on_a_cpu_and_taken_on_cuda(monkeypatch):
     for dtype in (None, "fp32"):
         assert models.unusable_twin_dtype(dtype, "cpu") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an Ampere card
     for dtype in ("fp16", "bf16", "fp32"):
         assert models.unusable_twin_dtype(dtype, "cuda") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # a Turing card: no bf16
+    assert models.unusable_twin_dtype("fp16", "cuda") is None
+    assert models.unusable_twin_dtype("bf16", "cuda").startswith("bf16: this GPU has compute capability 7.5")
     for dtype in ("fp16", "bf16"):
         assert models.unusable_twin_dtype(dtype, "cpu").startswith(f"{dtype}: on a CPU the twin runs in fp32")
 
