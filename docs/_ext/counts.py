@@ -30,8 +30,22 @@ def counts() -> dict[str, int]:
     }
 
 
+def texts() -> dict[str, str]:
+    """Rules the pages quote, in the words the report prints them (never retyped on a page)."""
+    from cheapinfer.harness import grades, locate
+
+    entries = locate.entries()
+    return {
+        "grade_rule": "\n".join(f"{i}. *{grade}* ({basis}): {words}."
+                                for i, (basis, grade, words) in enumerate(grades.GRADE_RULE, 1)),
+        "round_word_rule": grades.ROUND_WORD_RULE,
+        "errata_entries": str(len(entries)),
+        "errata_places": str(sum(len(e.occurrences) for e in entries)),
+    }
+
+
 def _substitute(app: Sphinx, config) -> None:
-    config.myst_substitutions = {**config.myst_substitutions, **{k: str(v) for k, v in counts().items()}}
+    config.myst_substitutions = {**config.myst_substitutions, **{k: str(v) for k, v in counts().items()}, **texts()}
 
 
 def setup(app: Sphinx) -> dict:
