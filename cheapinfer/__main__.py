@@ -25,6 +25,7 @@ from .runtime.cli import Parser, child_environment, nonempty, timing_threads
 ROOT = CHECKOUT
 #: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).
 _NOTHING_SELECTED = 5
+_INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR: the plugin could not write the record (fixtures/recording.py)
 
 
 def _stress_count(text: str) -> int:
@@ -115,7 +116,8 @@ def _verify(argv: list[str]) -> int:
         record = schema.read_record(mine)
         fault = record.get("run", {}).get("fault")
         last = (f"The fault {fault} was injected: the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced" if fault
-                else f"Errata report: {report_dir / report.ERRATA_NAME}")
+                else f"The latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced: see the error above"
+                if code == _INTERNAL_ERROR else f"Errata report: {report_dir / report.ERRATA_NAME}")
         print("\n".join(["", *tables.summary_table(record), "", f"Run record: {mine}", last]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code

@@ -548,3 +548,23 @@ def _benchmarks_on_a_full_disk(tmp_path, capsys, monkeypatch):
     assert "could not be written" in recording.RUN_WARNINGS[0] and "the previous file is as it was" in recording.RUN_WARNINGS[0]
     assert "WARNING: the benchmark timings could not be written" in capsys.readouterr().err
 
+
+
+def test_verify_on_a_disk_that_fills_keeps_its_record_and_points_at_no_report_it_did_not_write(tmp_path):
+    """The run's own record is whole in runs/, the latest pair is as it was, and nothing says otherwise."""
+    from harness import python_m
+
+    args = ("verify", "--claims", "KV-BYTES-FORMULA", "--report-dir", str(tmp_path))
+    first = python_m("cheapinfer", *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = {n: (tmp_path / n).read_bytes() for n in ("run.json", "errata.md")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
+    full = python_m("cheapinfer", *args, "-p", "full_disk", cwd=tmp_path, env=env)
+    assert full.returncode == 3, full.stdout[-2000:] + full.stderr[-2000:]
+    assert {n: (tmp_path / n).read_bytes() for n in before} == before, "the latest record was replaced or truncated"
+    errors = [line for line in full.stderr.splitlines() if line.startswith("ERROR")]
+    kept = sorted((tmp_path / report.RUNS_DIR).glob("*.json"))[-1]
+    assert errors == [f"ERROR: this run's record was kept as {kept}, but the latest run.json and errata.md could not be "
+                      "replaced (No space left on device): they are as they were"], full.stderr
+    assert schema.read_record(kept)["run"]["id"] != schema.read_record(tmp_path / "run.json")["run"]["id"]
+    assert "Errata report:" not in full.stdout and "were not replaced: see the error above" in full.stdout
