@@ -120,9 +120,11 @@ def test_a_corrupt_conversion_is_not_run_with_the_file_named_and_no_claim_judged
          "claims/test_outliers.py", "-k", "1579 and stand", cwd=ROOT, timeout=300, env={**os.environ})
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Traceback" not in run.stdout + run.stderr
+    assert "During handling of the above exception" not in run.stdout + run.stderr  # the message once, not chained
     result = json.loads((reports / "run.json").read_text())["claims"]["OUT-DIM62"]["results"]
     assert [r["verdict"] for r in result] == ["not run"]
     assert str(folder / "model.safetensors") in result[0]["reason"] and "sha256" in result[0]["reason"]
+    assert result[0]["reason"].startswith(f"error before a verdict: {folder / 'model.safetensors'}: sha256 ")  # no nested label
 
 
 def test_a_cached_stand_in_gguf_that_changed_is_refused(temp_cache):
