@@ -174,7 +174,7 @@ def judge(claim: registry.Claim, measured: Mapping[str, Any], profile: str, devi
         asserted = check.kind == "shape" or digits_here
         if check.requires == "cuda" and not device.startswith("cuda"):
             asserted = False
-        if check.when_found and measured.get(check.when_found) is False:  # nothing found to measure: reported only
+        if any(measured.get(w) is False for w in check.premises):  # nothing found to measure, or its premise fails here: reported only
             asserted = False
         value = measured.get(check.q)
         documented = asserted and check.kind == "digits" and check.q in documents
