@@ -101,3 +101,62 @@ def test_every_clocked_claim_judges_its_timing_only_where_its_premise_holds():
         for k in claim.checks:
             if k.noise and k.q != "over_read":
                 assert "device_bound" in k.premises, f"{cid} {k.q}"
+
+
+_PLUGIN_TEST = '''
+import time
+
+import pytest
+
+from cheapinfer.runtime import premise
+
+if {fake_gpu}:  # the run's device seen as a GPU whose kernels take 1 ms: the 20 ms step (a sleep: the host) binds
+    real = premise.device_bound
+
+    def on_a_fake_gpu(steps, device, **kw):
+        def timer(fn, device):
+            t0 = time.perf_counter()
+            fn()
+            enqueue = time.perf_counter() - t0
+            return enqueue, max(enqueue, 0.001) + 1e-5
+
+        return real(steps, "cuda:0", rounds=3, timer=timer)
+
+    premise.device_bound = on_a_fake_gpu
+
+
+@pytest.mark.claim("KV-DECODE-FLAT")
+def test_flat(claim, timed):
+    step = lambda: time.sleep(0.02)
+    timed({{"C=16": step, "C=1024": step}}, rounds=3, warmup=1)
+    # a ratio far beyond its bound (1.25) and its noise: red wherever it is judged
+    claim.verify("twin", step_ratio=2.0, step_ratio_se=0.01, cache_grows_by_one=True, logit_change_vs_no_context=1.0,
+                 timed_forwards=1, timed_forwards_max=1)
+'''
+
+
+@pytest.mark.parametrize("fake_gpu", [True, False])
+def test_through_the_plugin_a_host_bound_step_is_inconclusive_and_a_cpu_judges(tmp_path, fake_gpu):
+    """The timed fixture measures the premise of the steps it timed and the claim's verdict reads it: on a (faked) GPU
+    where a sleep in the step binds, inconclusive with the numbers; on the CPU, by construction, the ratio is judged."""
+    import json
+    import os
+    from pathlib import Path
+
+    from harness import python_m
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "test_clocked.py").write_text(_PLUGIN_TEST.format(fake_gpu=fake_gpu))
+    reports = tmp_path / "reports"
+    run = python_m("pytest", str(tmp_path / "test_clocked.py"), "-p", "fixtures.plugin", "-p", "no:cacheprovider", "-q", "-rx",
+                   "--device", "cpu", f"--report-dir={reports}", f"--rootdir={tmp_path}", cwd=tmp_path, timeout=300,
+                   env={**os.environ, "PYTHONPATH": str(root)})
+    result = json.loads((reports / "run.json").read_text())["claims"]["KV-DECODE-FLAT"]["results"][0]
+    measured = result["measured"]
+    if fake_gpu:
+        assert run.returncode == 0 and "1 xfailed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+        assert result["verdict"] == registry.INCONCLUSIVE and measured["device_bound"] is False
+        assert "host-bound on cuda:0" in measured["device_bound_why"] and measured["host_share"] > premise.HOST_SHARE
+    else:
+        assert run.returncode == 1 and result["verdict"] == registry.DEVIATES, run.stdout[-2000:]
+        assert measured["device_bound"] is True and measured["device_bound_why"] == premise.CPU_WHY
