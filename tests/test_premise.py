@@ -97,7 +97,7 @@ def test_every_clocked_claim_judges_its_timing_only_where_its_premise_holds():
     assert set(NAMED) <= set(clocked)
     for cid, claim in clocked.items():
         premise_checks = [k for k in claim.checks if k.q == "device_bound"]
-        assert premise_checks and premise_checks[0].measurable, cid
+        assert premise_checks and premise_checks[0].measurable and premise_checks[0].requires == "cuda", cid
         for k in claim.checks:
             if k.noise and k.q != "over_read":
                 assert "device_bound" in k.premises, f"{cid} {k.q}"
