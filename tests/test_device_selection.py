@@ -94,3 +94,43 @@ def test_bf16_twin_needs_an_ampere_card(fake, monkeypatch, capability, refused):
     why = models.unusable_twin_dtype("bf16", "cuda:0")
     assert bool(why) == refused and (not why or "8.0" in why)
     assert models.unusable_twin_dtype("fp16", "cuda:0") is None
+
+
+@pytest.mark.parametrize("capability, refused", [((6, 1), True), ((7, 0), True), ((7, 5), False), ((9, 0), False)])
+def test_llm_int8_needs_a_turing_card(fake, monkeypatch, capability, refused):
+    """LLM.int8() is not run below sm75, with the reason (as bf16 below sm80); never gated on a CPU."""
+    from cheapinfer.runtime import models
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    why = models.llm_int8_unavailable("cuda:0")
+    assert bool(why) == refused and (not why or ("not run" in why and f"{capability[0]}.{capability[1]}" in why and "7.5" in why))
+    assert models.llm_int8_unavailable("cpu") is None
+
+
+def _fake_bitsandbytes(monkeypatch, lib):
+    import sys
+    import types
+
+    cext = types.ModuleType("bitsandbytes.cextension")
+    cext.lib = lib
+    package = types.ModuleType("bitsandbytes")
+    package.cextension = cext
+    monkeypatch.setitem(sys.modules, "bitsandbytes", package)
+    monkeypatch.setitem(sys.modules, "bitsandbytes.cextension", cext)
+
+
+def test_bitsandbytes_cuda_library_that_does_not_load_is_one_line(fake, monkeypatch):
+    class ErrorHandlerMockBNBNativeLibrary:  # bitsandbytes' stand-in where its native library failed to load
+        error_msg = "libcudart.so.13: cannot open shared object file: No such file or directory\nmore detail"
+
+    class CudaBNBNativeLibrary:
+        pass
+
+    _fake_bitsandbytes(monkeypatch, ErrorHandlerMockBNBNativeLibrary())
+    why = devices.bitsandbytes_cuda_problem("cuda:0")
+    assert why.startswith("bitsandbytes' CUDA library does not load (libcudart.so.13") and "\n" not in why
+    _fake_bitsandbytes(monkeypatch, CudaBNBNativeLibrary())
+    assert devices.bitsandbytes_cuda_problem("cuda:0") is None
+    assert devices.bitsandbytes_cuda_problem("cpu") is None  # never probed on a CPU
+    monkeypatch.setitem(__import__("sys").modules, "bitsandbytes", None)  # not installed
+    assert devices.bitsandbytes_cuda_problem("cuda:0").startswith("bitsandbytes does not import")

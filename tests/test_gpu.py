@@ -301,9 +301,11 @@ def test_bitsandbytes_on_the_gpu_gives_the_suites_perplexity(kind, stand_in, qua
     the ratio to the EVAL row of the same scheme (fp16 scales): its weights are not the ones
     bitsandbytes holds.
     """
-    from cheapinfer.runtime import corpus
+    from cheapinfer.runtime import corpus, models
     from cheapinfer.chapter import perplexity
 
+    if kind == "int8" and models.llm_int8_unavailable(stand_in.device):
+        pytest.skip(models.llm_int8_unavailable(stand_in.device))  # not run, with the reason: a card below sm75
     ids = corpus.held_out_ids(stand_in.tokenizer, corpus_text)
     windows = torch.stack([ids[s : s + perplexity.WINDOW + 1] for s in range(0, ids.numel() - 1, perplexity.WINDOW)]).to(stand_in.device)
     weights = quant.projection_weights(stand_in.model)

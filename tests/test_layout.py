@@ -259,14 +259,14 @@ def test_the_dtype_check_sees_a_claim_choosing_its_own_dtype(tmp_path):
 
 def test_one_function_decides_the_runs_device():
     """``device.pick`` is called where a run starts, and nowhere else: by the plugin, which keeps its answer in the
-    config (``options.DEVICE``, what every fixture reads), and by ``verify``, which checks ``--device`` before it
-    starts pytest with it."""
+    config (``options.DEVICE``, what every fixture reads), and by ``verify`` and ``gpu-check``, which check
+    ``--device`` before they start pytest with it."""
     callers = set()
     for path in [*sorted((ROOT / "cheapinfer").rglob("*.py")), *sorted((ROOT / "claims").glob("*.py")), *sorted((ROOT / "fixtures").glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "pick":
                 callers.add(path.relative_to(ROOT).as_posix())
-    assert callers == {"fixtures/options.py", "cheapinfer/__main__.py"}, callers
+    assert callers == {"fixtures/options.py", "cheapinfer/__main__.py", "cheapinfer/runtime/gpu_check.py"}, callers
 
 
 @pytest.mark.parametrize("case", ["up", "cycle"])

@@ -285,6 +285,13 @@ def prefill_growth(seconds: Sequence[float]) -> dict[str, float]:
     return {"growth": seconds[-1] / seconds[0], "worst_drop": max(1 - b / a for a, b in zip(seconds, seconds[1:]))}
 
 
+def step_after_prefill(model, ids: torch.Tensor) -> Callable[[], object]:
+    """One repeatable cached decode step after a prefill of ``ids`` [1, P] (:func:`decode_step` at context P)."""
+    with torch.inference_mode():
+        cache = returned_cache(model(ids, use_cache=True))
+    return decode_step(model, cache, ids.shape[1])
+
+
 def prefill(model, ids: torch.Tensor) -> Callable[[], object]:
     """The prompt's forward pass that fills the cache and yields the first token (time to first token)."""
     return lambda: model(ids, use_cache=True)

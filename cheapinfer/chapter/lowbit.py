@@ -361,7 +361,9 @@ def decode_steps(models: Mapping[str, object], timed: Callable, probe_bytes: int
     (copy_fn, moved), (read_fn, read) = copy_callable(probe_bytes, device), read_callable(probe_bytes, device)
     assert read == probe_bytes and moved == 2 * probe_bytes, "over_read(), headroom() and the caller's cache check count each probe as probe_bytes"
     variants = {**steps, **{resident_name(name): resident_callable(m) for name, m in models.items()}, COPY: copy_fn, READ: read_fn}
-    samples = timed(variants, rounds=rounds, warmup=warmup) if quantities is None else timed(variants, rounds=rounds, warmup=warmup, quantities=quantities)
+    # the fixture (with quantities) measures the premise of the clocked claim (runtime.premise) on the decode steps, not on the probes
+    samples = (timed(variants, rounds=rounds, warmup=warmup) if quantities is None
+               else timed(variants, rounds=rounds, warmup=warmup, quantities=quantities, premise=steps))
     # Traced after the timed calls: the trace's history then proves they left each cache at ``context``.
     evidence = {name: traced(models[name], step)[1] for name, step in steps.items()}
     bw, rbw = moved / samples[COPY].median, read / samples[READ].median

@@ -32,7 +32,8 @@ prints. Each claim holds:
     decides nothing: the range, not the book, ran out. A check on what was searched for (the knee's
     gains) names that search with ``when_found = "<q>"``: where it was not found there is nothing to
     judge, and the check is reported, not asserted. A check that tests the claim only where its premise
-    holds names the ``measurable`` check of that premise the same way.
+    holds names the ``measurable`` check of that premise the same way (several, comma-separated, where it
+    needs each: every timing check of a clocked claim names ``device_bound``, :mod:`cheapinfer.runtime.premise`).
   - ``measurable = true`` on a boolean ``== true`` check: this device could measure what the claim is
     about (its premise held in a probe independent of the measured system: a CPU kernel that is itself
     faster on more rows cannot show whether batching does). False decides nothing: the device, not the
@@ -130,12 +131,17 @@ class Check:
     requires: str = ""  # "" or "cuda"
     noise: str = ""  # shape: "rounds" or "steps" (the measurement hands <q>_se, the standard error over timing rounds or a run's steps)
     searched: bool = False  # shape, bool == true: existence searched over an affordable range; not found decides nothing
-    when_found: str = ""  # the searched (or measurable) check whose find (or premise) this check needs: asserted only where it holds
+    when_found: str = ""  # the searched (or measurable) checks (comma-separated) whose find (or premise) this check needs: asserted only where each holds
     measurable: bool = False  # shape, bool == true: the device could measure the claim; False decides nothing (<q>_why says why)
     profiles: tuple[str, ...] = ()  # judged only on these of the claim's profiles (none: on every one)
 
     def judged_on(self, profile: str) -> bool:
         return not self.profiles or profile in self.profiles
+
+    @property
+    def premises(self) -> tuple[str, ...]:
+        """The checks named by ``when_found``, each of which must hold for this one to be asserted."""
+        return tuple(w.strip() for w in self.when_found.split(",") if w.strip())
 
     @property
     def se_key(self) -> str:
@@ -395,8 +401,9 @@ def parse(text: str) -> dict[str, Claim]:
                 raise RegistryError(f"{claim_id}: check {c.q!r} names profiles the claim does not run on: {sorted(set(c.profiles) - set(runs_on))}")
         conditions = {c.q for c in checks if c.searched or c.measurable}
         for c in checks:
-            if c.when_found and c.when_found not in conditions:
-                raise RegistryError(f"{claim_id}: check {c.q!r} is measured when {c.when_found!r} holds, which no searched or measurable check of this claim names")
+            for w in c.premises:
+                if w not in conditions:
+                    raise RegistryError(f"{claim_id}: check {c.q!r} is measured when {w!r} holds, which no searched or measurable check of this claim names")
         claims[claim_id] = Claim(
             id=claim_id,
             section=section,

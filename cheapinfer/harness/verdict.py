@@ -172,9 +172,10 @@ def judge(claim: registry.Claim, measured: Mapping[str, Any], profile: str, devi
             continue
         target = check.bound if check.kind == "shape" else claim.book[check.q]
         asserted = check.kind == "shape" or digits_here
-        if check.requires == "cuda" and not device.startswith("cuda"):
+        # a premise asked only on CUDA (device_bound: by construction elsewhere) that a measurement found failing is still said
+        if check.requires == "cuda" and not device.startswith("cuda") and not (check.measurable and measured.get(check.q) is False):
             asserted = False
-        if check.when_found and measured.get(check.when_found) is False:  # nothing found to measure: reported only
+        if any(measured.get(w) is False for w in check.premises):  # nothing found to measure, or its premise fails here: reported only
             asserted = False
         value = measured.get(check.q)
         documented = asserted and check.kind == "digits" and check.q in documents

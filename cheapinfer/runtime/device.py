@@ -157,3 +157,31 @@ def map_untimed(fn: Callable[[T], R], items: Sequence[T], device: torch.device |
 
     with cpu_threads(1), ThreadPoolExecutor(max_workers=n) as pool:
         return list(pool.map(fn, items))
+
+
+def bitsandbytes_cuda_problem(device: torch.device | str) -> str | None:
+    """Why bitsandbytes' CUDA library does not load on ``device`` (one line), or None: loaded, or not a CUDA run.
+
+    bitsandbytes loads its native library at import and, where that fails, keeps a stand-in that raises only when a
+    kernel is called (and logs a traceback at import): the probe imports it with that log silenced and asks which
+    library it holds, so that the NF4 and LLM.int8() rows do not fail later with a long message."""
+    import logging
+
+    if torch.device(device).type != "cuda":
+        return None
+    log = logging.getLogger("bitsandbytes.cextension")
+    level, log.level = log.level, logging.CRITICAL + 1
+    try:
+        from bitsandbytes import cextension
+    except ImportError as exc:
+        return f"bitsandbytes does not import ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]}): its NF4 and LLM.int8() rows cannot run"
+    except Exception as exc:  # a native library that fails in its own import code
+        return f"bitsandbytes' CUDA library does not load: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
+    finally:
+        log.level = level
+    lib = getattr(cextension, "lib", None)
+    if type(lib).__name__ == "CudaBNBNativeLibrary":
+        return None
+    why = (str(getattr(lib, "error_msg", "") or "").strip().splitlines() or [f"it holds {type(lib).__name__}, not its CUDA library"])[0]
+    return f"bitsandbytes' CUDA library does not load ({why}): its NF4 and LLM.int8() rows will fail"
+

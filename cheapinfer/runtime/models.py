@@ -158,6 +158,22 @@ def claim_dtype(purpose: str, device: str | torch.device, requested: str | None 
 BF16_CAPABILITY = (8, 0)
 
 
+#: The compute capability from which bitsandbytes' LLM.int8() runs its int8 matrix products (Turing, sm75: int8
+#: tensor cores through cuBLASLt); an older card cannot run ``Linear8bitLt``'s int8 path.
+INT8_CAPABILITY = (7, 5)
+
+
+def llm_int8_unavailable(device: str | torch.device) -> str | None:
+    """Why bitsandbytes' LLM.int8() is *not run* on ``device``, or None (a CPU, or a CUDA card of sm75 or later)."""
+    if torch.device(device).type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    if (major, minor) >= INT8_CAPABILITY:
+        return None
+    return (f"LLM.int8() not run: this GPU has compute capability {major}.{minor}; bitsandbytes' int8 matrix products need "
+            f"{INT8_CAPABILITY[0]}.{INT8_CAPABILITY[1]} (Turing) or later")
+
+
 def unusable_twin_dtype(requested: str | None, device: str | torch.device) -> str | None:
     """Why ``--twin-dtype requested`` cannot time the twin's claims on ``device``, or None.
 
