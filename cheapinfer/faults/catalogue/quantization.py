@@ -350,3 +350,21 @@ def _lowbit_step_replays():
 
     with patched(batching, "decode_step", replaying):
         yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the chapter's explanations, judged by the mechanism (cheapinfer/explanations.toml)
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "q-codes-rounded-up",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ERROR-TABLE",),
+    what="the quantizer rounds codes up (torch.ceil for torch.round): no longer to the nearest level, so a weight can err by more than itself",
+)
+def _q_codes_rounded_up():
+    with patched(quant, "round_codes", lambda x, rounding=None: torch.ceil(x)):
+        yield
+
