@@ -87,3 +87,23 @@ def test_the_reconstruction_tells_noise_from_a_collapse():
     assert made["kept_norm"] == pytest.approx(float(w.abs().max() / w.norm()), rel=1e-3)
     noise = quant_error.reconstruction(w, "reference")  # W itself: size 1, direction kept
     assert noise["kept_norm"] == pytest.approx(1.0) and noise["cosine"] == pytest.approx(1.0)
+
+
+def _outlier_matrix(seed=2):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(64, 256, generator=g) * 0.02
+    w[5, 9] = 0.9
+    return w
+
+
+def test_the_faults_of_the_new_checks_break_what_those_checks_read():
+    """Without a model: under q-codes-rounded-up the error exceeds the bound error_max holds (1); under
+    q-int-group-size-ignored INT4 at block 64 is group-128 again, so block_share is 0 and its '> 0' fails."""
+    from cheapinfer.faults import runner
+
+    w = _outlier_matrix()
+    with runner.activate("q-codes-rounded-up"):
+        assert quant_error.relative_error(w, "int4-tensor") > 1.0000003
+    with runner.activate("q-int-group-size-ignored"):
+        assert quant_error.relative_error(w, "int4-g64") == quant_error.relative_error(w, "int4-g128")
+    assert quant_error.relative_error(w, "int4-g64") < quant_error.relative_error(w, "int4-g128")
