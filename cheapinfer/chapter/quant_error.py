@@ -76,6 +76,27 @@ def error_table(weights: dict[str, torch.Tensor], schemes=quant.SCHEMES, scale_d
     return rows
 
 
+def reconstruction(weight: torch.Tensor, scheme: str = "int4-tensor") -> dict[str, float]:
+    """What a reconstruction consists of, beside its error (the chapter's "noise of about the right size"):
+
+    - ``kept_norm``: ``||W_hat|| / ||W||``, its size against the original's;
+    - ``cosine``: ``<W, W_hat> / (||W|| ||W_hat||)``, how much of the original's direction it keeps (0 for noise
+      drawn independently of W; 0 also where W_hat is all zero);
+    - ``zero_fraction``: the share of weights reconstructed as exactly 0.
+
+    Independent noise of W's size gives kept_norm ~1, cosine ~0 and a relative error ~sqrt(2); a rounding to the
+    nearest level, with 0 a level, can give no error above 1 (:func:`relative_error`).
+    """
+    w = quant.as_matrix(weight).detach().double()
+    w_hat = quant.fake_quantize(quant.as_matrix(weight).detach().float(), scheme).double()
+    norm, norm_hat = torch.linalg.vector_norm(w), torch.linalg.vector_norm(w_hat)
+    return {
+        "kept_norm": float(norm_hat / norm),
+        "cosine": float((w * w_hat).sum() / (norm * norm_hat)) if norm_hat > 0 else 0.0,
+        "zero_fraction": float((w_hat == 0).double().mean()),
+    }
+
+
 def _scale_at(stored: torch.Tensor, s: quant.Scheme, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """The stored scale (fp32) of the elements at ``(rows, cols)``; ``stored`` is ``[out | 1, blocks | 1, 1]``."""
     if s.granularity == "group":

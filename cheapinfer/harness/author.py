@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from . import grades, locate, registry, tables, textchecks
+from . import explanations, grades, locate, registry, tables, textchecks
 from .errata import confirmed_errata
 from .schema import RunRecord
 
@@ -78,6 +78,8 @@ def text_record(seeds: Path = locate.SEEDS) -> dict[str, Any]:
 
 def _status(record: RunRecord, entry: dict[str, Any]) -> str:
     cid = entry["claim"]
+    if cid and entry["erratum"] is None and entry.get("id") in _contradicted():
+        return f"found by checking the chapter's explanation against {cid}'s measurement (cheapinfer/explanations.toml)"
     if not cid or entry["erratum"] is None:
         return "found in the chapter's text by the text checks (no measurement needed)"
     claim = record["claims"].get(cid)
@@ -88,6 +90,11 @@ def _status(record: RunRecord, entry: dict[str, Any]) -> str:
     if any(c == cid and e == mine for c, _, e, _ in confirmed_errata(record)):
         return "measured again in this run: confirmed"
     return f"not confirmed in this run ({tables.BADGE.get(claim['verdict'], claim['verdict'])})"
+
+
+def _contradicted() -> set[str]:
+    """The errata entries that place an explanation the suite's measurement contradicts (cheapinfer/explanations.toml)."""
+    return {s.errata for s in explanations.sentences() if s.verdict == "contradicted"}
 
 
 def _claim_link(record: RunRecord, entry: dict[str, Any]) -> str:

@@ -350,3 +350,33 @@ def _lowbit_step_replays():
 
     with patched(batching, "decode_step", replaying):
         yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the chapter's explanations, judged by the mechanism (cheapinfer/explanations.toml)
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "q-codes-rounded-up",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ERROR-TABLE",),
+    what="the quantizer rounds codes up (torch.ceil for torch.round): no longer to the nearest level, so a weight can err by more than itself",
+)
+def _q_codes_rounded_up():
+    with patched(quant, "round_codes", lambda x, rounding=None: torch.ceil(x)):
+        yield
+
+
+
+@fault(
+    "q-int-group-size-ignored",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-NF4",),
+    what="an INT group scheme ignores the group size in its name and quantizes with the default groups of 128 (int4-g64 runs as int4-g128)",
+)
+def _q_int_group_size_ignored():
+    with _schemes_parsed_as(lambda s: replace(s, group=128) if s.kind == "int" and s.granularity == "group" else s):
+        yield
