@@ -298,6 +298,24 @@ def _dist_temperature_after_softmax():
 
 
 @fault(
+    "dist-softmax-unnormalised",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-TEMPERATURE",),
+    what="the tempered distribution is the exponentials of the shifted logits, exp(z / T - max), without the softmax's division by their sum (a sampler's weights, which torch.multinomial would normalise itself): every ratio, and so every printed ratio, is unchanged",
+)
+def _dist_softmax_unnormalised():
+    with patched(distill, "distribution", _sampler_weights):
+        yield
+
+
+def _sampler_weights(logits, temperature=1.0):
+    """exp(z / T - max(z / T)): a softmax without its normaliser."""
+    x = logits.double() / temperature
+    return (x - x.max()).exp()
+
+
+@fault(
     "dist-hard-label",
     section="DIST",
     kind=RULE,
