@@ -290,3 +290,23 @@ def _paging_fork_no_ref():
 
     with patched(paging.PagedKVCache, "fork", fork):
         yield
+
+
+@fault(
+    "paging-block-reserved-ahead",
+    section="BAT",
+    kind=RULE,
+    targets=("PAGE-WASTE",),
+    what="the pool takes a sequence's next block as soon as its last one is full, ahead of the token that needs it (lookahead allocation): every sequence whose length is a whole number of blocks holds one block it does not use",
+)
+def _paging_block_reserved_ahead():
+    real = paging.PagedKVCache.reserve
+
+    def reserve(self, seq, tokens):
+        placed = real(self, seq, tokens)
+        if self.lengths[seq] == len(self.tables[seq]) * self.block_size:
+            self.tables[seq].append(self._take())  # the bug: taken ahead of its first token
+        return placed
+
+    with patched(paging.PagedKVCache, "reserve", reserve):
+        yield
