@@ -354,6 +354,7 @@ def test_paging_wastes_less_than_a_block_where_max_context_wastes_most(claim, st
         **evidence.conditions(r["evidence"]),
         tokens_the_models_own=r["tokens_the_models_own"],
         requests_teacher_forced=len(r["forced"]),
+        blocks_held_over_needed=r["blocks_held_over_needed"],
         unused_fraction_max_context=w.unused_fraction_max_context,
         unused_fraction_longest=w.unused_fraction_longest,
         unused_fraction_paged=w.unused_fraction_paged,

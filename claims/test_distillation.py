@@ -54,7 +54,8 @@ def test_temperature_two_takes_the_square_root(claim, profile):
         sqrt_of_ratio_t1=math.sqrt(r1),
         sqrt_identity_err=distill.root_identity_error(logits, book["t2"]),
         sqrt_identity_err_over_bound=distill.root_identity_error(logits, book["t2"]) / max(_root_bounds(logits, book["t2"], 20)),
-        order_unchanged=distill.order_unchanged(logits, book["t2"]),
+        mass_err_over_bound=max(distill.mass_error(logits, t) for t in (book["t1"], book["t2"])) / distill.mass_bound(logits.numel()),
+        mass_err={t: distill.mass_error(logits, t) for t in (book["t1"], book["t2"])},
         reads_after_the_prompt=after_prompt,
     )
 

@@ -173,13 +173,18 @@ def test_low_acceptance_makes_generation_slower(claim):
     book = registry.get("SPEC-SLOWDOWN").book
     alpha, c, gamma = book["alpha"], book["c"], book["gamma"]
     simulated = spec.simulate_tokens_per_pass(alpha, gamma, 200_000, np.random.default_rng(SEED))
+    target, draft = spec.counting_pair()
+    count = spec.forwards_per_pass(target, draft, list(range(2, 20)), 100, gamma)
+    full = sorted(set(count["full"]))
     claim.verify(
         "arithmetic",
+        passes=full[0] if len(full) == 1 else full,
+        loop_count_is_traced=count["loop"] == count["traced"] and count["trailing_drafts"] == 0,
+        loop_passes={"target": count["loop"][0], "draft": count["loop"][1], "full_passes": len(count["full"]), "alpha": round(count["alpha"], 3)},
         kept_tokens=spec.expected_tokens(alpha, gamma),
         kept_tokens_minus_rule=abs(spec.expected_tokens(alpha, gamma) - spec.rule_expected_tokens(alpha, gamma)),
         speedup=spec.speedup(alpha, gamma, c),
         kept_tokens_simulated=float(simulated.mean()),
-        forward_passes=gamma + 1,
         cost_in_target_passes=gamma * c + 1,
     )
 

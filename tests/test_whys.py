@@ -34,6 +34,7 @@ def test_every_stated_equation_recomputes():
     ("(48 D + 51 p) = 12", None),  # symbols: not arithmetic, not read
     ("2 x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B", True),
     ("142 / 144 = 98.6%", True),
+    ("a = 85/64 = 1.328125", True),  # a stated number is never cut short to a prefix of the next expression ("a = 8")
 ])
 def test_the_parser_reads_and_judges(text, holds):
     found = list(whys.equations(text))

@@ -101,6 +101,20 @@ def order_unchanged(logits: torch.Tensor, temperature: float, k: int | None = No
     return bool(torch.equal(a[:k], b[:k]) if k else torch.equal(a, b))
 
 
+def mass_error(logits: torch.Tensor, temperature: float) -> float:
+    """|sum of the measured distribution at ``temperature`` - 1|: a softmax's probabilities sum to 1. ``distribution``
+    as the claims call it, summed in float64."""
+    return float((distribution(logits, temperature).double().sum() - 1).abs())
+
+
+def mass_bound(vocab: int) -> float:
+    """The float64 bound of :func:`mass_error` for a softmax over ``vocab`` logits: with e_i the computed exponentials and
+    S their computed sum (relative error <= (V - 1) u, any order), each p_i = e_i / S within u, so sum(p) is
+    sum(e_i) / S within (V - 1) u + u; the exponentials' own errors cancel, since the same e_i are summed. Summing
+    the p_i to measure adds (V - 1) u: (2 V - 1) u to first order, (2 V + 1) u with the second-order terms inside."""
+    return (2 * vocab + 1) * 2.0**-53
+
+
 def root_ratio_bound(logits: torch.Tensor, t: float, i: int, j: int) -> float:
     """Relative bound of |(p_T(i) / p_T(j)) / (p_1(i) / p_1(j))^(1/T) - 1| in float64 (logits exact in float64).
 

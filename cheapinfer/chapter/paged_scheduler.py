@@ -110,6 +110,7 @@ class PagedSlotBatch:
             "tokens": [self.pool.lengths[r] for r in self.requests],
             "unused_slots": [self.pool.unused_slots(r) for r in self.requests],
             "blocks_in_use": self.pool.blocks_in_use,
+            "blocks_needed": self.pool.blocks_needed,
             "shared_blocks": self.pool.shared_blocks,
             "consistent": self.pool.tables_consistent(),
         }
@@ -174,6 +175,13 @@ def teacher_forced(model, prompts: Sequence[Sequence[int]], generated: Sequence[
     return out
 
 
+def held_over_needed(snapshots: Sequence[dict]) -> list[float]:
+    """``[smallest, largest]`` over the steps of the blocks the pool held (off its free list) over the blocks the live
+    sequences' tokens need (``PagedKVCache.blocks_needed``); a step that needs none and holds none counts as 1."""
+    ratios = [s["blocks_in_use"] / s["blocks_needed"] if s["blocks_needed"] else (1.0 if not s["blocks_in_use"] else math.inf) for s in snapshots]
+    return [min(ratios), max(ratios)]
+
+
 def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, max_new_tokens: int, block_size: int = 16, compare: Sequence[int] = (), seed: int = SEED) -> dict[str, object]:
     """Continuous batching of ``lengths`` on the paged cache; the reservation waste read from its block tables.
 
@@ -207,6 +215,7 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
         "blocks_reused": run.pool.reused,
         "blocks_in_use_after": run.pool.blocks_in_use,
         "peak_blocks_in_use": max(s["blocks_in_use"] for s in snaps),
+        "blocks_held_over_needed": held_over_needed(snaps),
         "tables_consistent": all(s["consistent"] for s in snaps),
         "tokens_equal_alone": all(c.agree for c in alone.values()),
         "alone": alone,

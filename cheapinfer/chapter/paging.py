@@ -157,6 +157,12 @@ class PagedKVCache:
     def blocks_in_use(self) -> int:
         return len(self.refs) - len(self.free)
 
+    @property
+    def blocks_needed(self) -> int:
+        """The fewest blocks the live sequences' tokens fit in if none shares a block: ceil(tokens / block size) each,
+        counted from the lengths alone (not from the tables, whose blocks are what is checked against it)."""
+        return sum(math.ceil(n / self.block_size) for n in self.lengths.values())
+
     def unused_slots(self, seq: object) -> int:
         """Token slots reserved in ``seq``'s blocks but not holding one of its tokens."""
         return len(self.tables[seq]) * self.block_size - self.lengths[seq]

@@ -127,6 +127,27 @@ def absmax_listing(W: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tens
     return Wq, scale, W_hat
 
 
+def bf16_magnitudes() -> torch.Tensor:
+    """Every bf16 number in [1, 2): its 128 mantissas. Scaling by a power of two is exact in bf16 (away from
+    subnormals and overflow), so these are all the absmax values a bf16 tensor can have, up to the exponent. ``[128]``"""
+    return torch.arange(0x3F80, 0x4000, dtype=torch.int16).view(torch.bfloat16)
+
+
+def listing_code_span_bf16(bits: int = 8) -> dict[str, int]:
+    """The listing's own codes on bf16 weights: for every bf16 magnitude ``a`` (:func:`bf16_magnitudes`), the listing
+    (:func:`absmax_listing`, as the suite calls it) run on ``W = [a, -a]``. ``lowest`` and ``highest``: the smallest and
+    largest code over all of them; ``ties``: how many magnitudes ``a / scale`` (both rounded to bf16) lands on
+    ``qmax + 1/2``, the tie that ``torch.round`` takes to ``qmax + 1`` and the clamp alone keeps in range."""
+    qmax = 2 ** (bits - 1) - 1
+    lowest, highest, ties = 0, 0, 0
+    for a in bf16_magnitudes():
+        W = torch.stack([a, -a])  # [2] bf16
+        Wq = absmax_listing(W, bits)[0]
+        lowest, highest = min(lowest, int(Wq.min())), max(highest, int(Wq.max()))
+        ties += int(float(a / (a.abs() / qmax)) == qmax + 0.5)
+    return {"lowest": lowest, "highest": highest, "ties": ties, "magnitudes": int(bf16_magnitudes().numel())}
+
+
 def listing_blockwise(W: torch.Tensor, bits: int, block: int | None = None, rows: bool = False) -> torch.Tensor:
     """The chapter's listing applied to each region on its own: the whole tensor, each row
     (``rows=True``), or each group of ``block`` consecutive weights of a row; ``W_hat`` ``[out, in]``.

@@ -299,6 +299,64 @@ def generate_traced(target, prompt: Sequence[int], new_tokens: int, draft=None, 
     return run
 
 
+def counting_pair(noise: float = 0.1, seed: int = 0):
+    """A target and a draft for counting the loop's passes on a CPU: a seeded tiny Qwen2 (:mod:`kv_macs`) whose
+    projections are scaled 20x (at their initial scale a tiny model repeats its last token, which every draft
+    predicts), and as draft its copy with Gaussian noise of ``noise`` times each matrix's spread added (acceptance
+    about 0.26 at 0.1, a mix of kept and rejected proposals). ``(target, draft)``, float32, eval mode."""
+    import copy
+
+    from .kv_macs import tiny_arch, tiny_model
+
+    torch.manual_seed(seed)
+    target = tiny_model(tiny_arch()).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.mul_(20)
+        draft = copy.deepcopy(target)
+        for p in draft.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=generator) * p.std() * noise)
+    return target, draft
+
+
+def forwards_per_pass(target, draft, prompt: Sequence[int], new_tokens: int, gamma: int) -> dict[str, object]:
+    """What one verification pass of the loop (:func:`generate`) costs in forward passes, counted twice.
+
+    The models' own forwards are traced from outside (a forward pre-hook on each model), in order, and split
+    at each of the target's: a verification pass is the draft's forwards since the last target forward plus
+    that one. ``full``: the forwards of each pass that had room for all ``gamma`` proposals (the loop drafts
+    ``min(gamma, tokens left - 1)``, so passes near the end draft fewer). ``loop``: the loop's own count
+    (``Run.draft_passes``, ``Run.target_passes``); ``traced``: the same from the hooks.
+    """
+    order: list[str] = []
+    handles = [m.register_forward_pre_hook(lambda module, args, name=name: order.append(name))
+               for name, m in (("target", target), ("draft", draft))]
+    try:
+        run = generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=False)
+    finally:
+        for h in handles:
+            h.remove()
+    costs, drafted = [], 0
+    for name in order:
+        drafted += name == "draft"
+        if name == "target":
+            costs.append(drafted + 1)
+            drafted = 0
+    starts = np.concatenate([[0], np.cumsum(run.kept_per_pass)[:-1]])  # tokens kept before each pass
+    room = [new_tokens - int(k) - 1 >= gamma for k in starts]
+    return {
+        "full": [c for c, r in zip(costs, room) if r],
+        "loop": [run.target_passes, run.draft_passes],
+        "traced": [order.count("target"), order.count("draft")],
+        "passes": len(costs),
+        "trailing_drafts": drafted,  # draft forwards after the last target forward: none in a sound loop
+        "alpha": run.alpha,
+    }
+
+
 class _Nothing:
     def __enter__(self):
         return None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:e-?\d+)?"
-_EQUATION = re.compile(r"(?P<lhs>[^=;:]{0,160}?)\s=\s(?P<rhs>" + NUMBER + r")(?P<pct>%?)(?:\s(?P<unit>[KMG]i?B)\b)?(?![\d.,]\d|\^|\s?[x*/+^]\s?\d)")
+_EQUATION = re.compile(r"(?P<lhs>[^=;:]{0,160}?)\s=\s(?P<rhs>" + NUMBER + r")(?P<pct>%?)(?:\s(?P<unit>[KMG]i?B)\b)?(?!\d|[.,]\d|\^|\s?[x*/+^]\s?\d)")
 _TOKEN = re.compile(r"sqrt|" + NUMBER + r"|\^|x(?![A-Za-z])|[*/+\-()]|[A-Za-z]+|\S")
 _OPERATORS = set("x*/+-^")
 _UNIT = r"[KMGT]?i?B|bits?|bytes?"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ...chapter import batching, paging, knee, paged_scheduler, scheduler, workload
 from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
@@ -289,4 +290,33 @@ def _paging_fork_no_ref():
             self.refs[b] -= 1  # the bug: the fork's reference is never taken
 
     with patched(paging.PagedKVCache, "fork", fork):
+        yield
+
+
+@fault(
+    "paging-block-reserved-ahead",
+    section="BAT",
+    kind=RULE,
+    targets=("PAGE-WASTE",),
+    what="the pool takes a sequence's next block as soon as its last one is full, ahead of the token that needs it (lookahead allocation): every sequence whose length is a whole number of blocks holds one block it does not use",
+)
+def _paging_block_reserved_ahead():
+    real_reserve, real_gather = paging.PagedKVCache.reserve, paging.PagedKVCache.gather_batch
+
+    def reserve(self, seq, tokens):
+        placed = real_reserve(self, seq, tokens)
+        if self.lengths[seq] == len(self.tables[seq]) * self.block_size:
+            self.tables[seq].append(self._take())  # the bug: taken ahead of its first token
+        return placed
+
+    def gather_batch(self, seqs, layer):  # reads the blocks that hold tokens, as such an allocator's gather does
+        full = {s: self.tables[s] for s in seqs}
+        nb = math.ceil(max(self.lengths[s] for s in seqs) / self.block_size)
+        try:
+            self.tables.update({s: t[:nb] for s, t in full.items()})
+            return real_gather(self, seqs, layer)
+        finally:
+            self.tables.update(full)
+
+    with patched(paging.PagedKVCache, "reserve", reserve), patched(paging.PagedKVCache, "gather_batch", gather_batch):
         yield

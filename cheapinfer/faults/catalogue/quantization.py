@@ -72,6 +72,42 @@ def _q_absmax_signed_max():
         yield
 
 
+def _listing_clamped(clamp):
+    """The chapter's listing with its clamp line replaced by ``clamp(codes, qmax)``."""
+
+    def listing(W, bits):
+        qmax = 2 ** (bits - 1) - 1
+        scale = W.abs().max() / qmax
+        Wq = clamp(torch.round(W / scale), qmax)
+        return Wq, scale, Wq * scale
+
+    return patched(quant, "absmax_listing", listing)
+
+
+@fault(
+    "q-absmax-clamp-dropped",
+    section="Q",
+    kind=RULE,
+    targets=("Q-ABSMAX",),
+    what="the listing's clamp is left out (it looks dead, since the scale maps the largest weight to qmax): a bf16 weight whose W / scale rounds to qmax + 1/2 gets the code qmax + 1, 128 at 8 bits, which an int8 cast wraps to -128",
+)
+def _q_absmax_clamp_dropped():
+    with _listing_clamped(lambda codes, qmax: codes):
+        yield
+
+
+@fault(
+    "q-absmax-clamp-symmetric",
+    section="Q",
+    kind=CONSTANT,
+    targets=("Q-ABSMAX",),
+    what="the listing clamps to [-qmax, qmax] (LLM.int8()'s symmetric range) instead of the printed [-qmax - 1, qmax]: the bf16 weights whose W / scale rounds to -(qmax + 1/2) lose the code -128",
+)
+def _q_absmax_clamp_symmetric():
+    with _listing_clamped(lambda codes, qmax: codes.clamp(-qmax, qmax)):
+        yield
+
+
 @fault(
     "q-suite-rounds-half-away",
     section="Q",

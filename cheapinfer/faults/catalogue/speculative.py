@@ -222,7 +222,7 @@ def _spec_verify_pass_keeps_what_it_fed():
     "spec-verify-one-position-at-a-time",
     section="SPEC",
     kind=DISABLED,
-    targets=("SPEC-VERIFY-COST",),
+    targets=("SPEC-VERIFY-COST", "SPEC-SLOWDOWN"),
     what="the verification pass feeds the proposed positions one at a time (a loop of single-position passes) instead of one pass over all of them",
 )
 def _spec_verify_one_position_at_a_time():
@@ -234,6 +234,35 @@ def _spec_verify_one_position_at_a_time():
         return torch.cat([real(model, [t], cache, 1) for t in tokens])[-keep:]
 
     with patched(speculative, "_forward", one_at_a_time):
+        yield
+
+
+@fault(
+    "spec-draft-catch-up-forward",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-SLOWDOWN",),
+    what="after its last proposal the draft runs one forward more, outside the loop's pass counter, to put that proposal into its own cache before the target verifies (a catch-up pass the crop then throws away): every pass costs gamma + 2 forwards",
+)
+def _spec_draft_catch_up_forward():
+    real_forward, real_generate = speculative._forward, speculative.generate
+
+    def generate(target, prompt, new_tokens, draft=None, gamma=4, stop_at_eos=True):
+        pending: list = []  # the draft's cache and its last proposal, not yet in that cache
+
+        def forward(model, tokens, cache, keep):
+            if model is target and pending:
+                d_cache, token = pending.pop()
+                real_forward(draft, [token], d_cache, 1)  # the catch-up pass, which the loop does not count
+            out = real_forward(model, tokens, cache, keep)
+            if model is draft and model is not target:
+                pending[:] = [(cache, int(out[-1]))]
+            return out
+
+        with patched(speculative, "_forward", forward):
+            return real_generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
+
+    with patched(speculative, "generate", generate):
         yield
 
 
@@ -266,6 +295,24 @@ def _dist_temperature_after_softmax():
 
     with patched(distill, "distribution", lambda logits, temperature=1.0: torch.softmax(logits.double(), dim=-1) / temperature):
         yield
+
+
+@fault(
+    "dist-softmax-unnormalised",
+    section="DIST",
+    kind=RULE,
+    targets=("DIST-TEMPERATURE",),
+    what="the tempered distribution is the exponentials of the shifted logits, exp(z / T - max), without the softmax's division by their sum (a sampler's weights, which torch.multinomial would normalise itself): every ratio, and so every printed ratio, is unchanged",
+)
+def _dist_softmax_unnormalised():
+    with patched(distill, "distribution", _sampler_weights):
+        yield
+
+
+def _sampler_weights(logits, temperature=1.0):
+    """exp(z / T - max(z / T)): a softmax without its normaliser."""
+    x = logits.double() / temperature
+    return (x - x.max()).exp()
 
 
 @fault(
