@@ -7,6 +7,7 @@ from cheapinfer.harness.record import Recorder, run_peak
 from cheapinfer.runtime import memory
 
 GIB = 2**30
+SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512, head_dim=16)
 
 
 def _result(claim, peak, profile="twin"):
@@ -60,8 +61,7 @@ def test_a_cast_copy_equals_deepcopy_then_cast_without_the_full_precision_copy()
 
     from cheapinfer.runtime import models
 
-    base = models.twin("fp32", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                       vocab_size=512, head_dim=16).model
+    base = models.twin("fp32", **SMALL).model
     before = {k: v.clone() for k, v in base.state_dict().items()}
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         expected = copy.deepcopy(base).to(dtype=dtype)
@@ -104,3 +104,37 @@ def test_a_cast_copy_holds_no_full_precision_copy():
         assert out.returncode == 0, out.stderr
         weights, rises[how] = map(int, out.stdout.split())
     assert rises["cast"] < 3 * weights < rises["deepcopy"]  # 2 bytes a weight (and allocator slack) vs 4: the fp32 copy is gone
+
+
+def test_the_twin_factory_keeps_the_sessions_twins_and_drops_the_others_at_a_modules_end(monkeypatch):
+    import torch
+
+    from cheapinfer.runtime import models
+    from fixtures.profiles import TwinFactory
+
+    real = models.twin
+    monkeypatch.setattr(models, "twin", lambda dtype, device: real(dtype, device, **SMALL))
+    factory = TwinFactory(torch.device("cpu"))
+    fp32, bf16 = factory("fp32"), factory("bf16")
+    assert factory("bf16") is bf16 and bf16.dtype == torch.bfloat16  # built once while the module runs
+    session = factory.keep("fp16")
+    factory.drop()  # a module's end
+    assert set(factory.built) == {"fp32", "fp16"} and factory("fp32") is fp32 and factory("fp16") is session
+    again = factory("bf16")  # a later module asks again: cast again, the same weights
+    assert again is not bf16
+    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), bf16.model.state_dict().values()))
+
+
+def test_quantized_variants_are_built_again_the_same_after_a_modules_end():
+    import torch
+
+    from cheapinfer.runtime import models
+    from fixtures.quant import QuantizedVariants
+
+    variants = QuantizedVariants(models.twin("fp32", **SMALL))
+    first = variants["int4-row"].model
+    assert variants["int4-row"].model is first and variants.built() == ("int4-row",)
+    variants.drop()
+    assert variants.built() == ()
+    again = variants["int4-row"].model
+    assert again is not first and all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), first.state_dict().values()))
