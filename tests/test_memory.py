@@ -138,3 +138,32 @@ def test_quantized_variants_are_built_again_the_same_after_a_modules_end():
     assert variants.built() == ()
     again = variants["int4-row"].model
     assert again is not first and all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), first.state_dict().values()))
+
+
+def test_a_quantized_copy_holds_its_quantized_matrices_and_shares_every_other_tensor():
+    import copy
+
+    import torch
+
+    from cheapinfer.chapter import quant
+    from cheapinfer.runtime import models
+
+    base = models.twin("fp32", **SMALL).model
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    projections = quant.projection_weights(base)
+    for scheme in ("int4-row", "nf4", "reference"):
+        clone = quant.quantized_copy(base, scheme)
+        expected = copy.deepcopy(base)  # what the copy was: a deep copy quantized in place
+        if scheme != "reference":
+            for p in quant.projection_weights(expected).values():
+                p.detach().copy_(quant.fake_quantize(p, scheme))
+        got, want = clone.state_dict(), expected.state_dict()
+        assert got.keys() == want.keys() and all(torch.equal(v, want[k]) and v.dtype == want[k].dtype for k, v in got.items())
+        mine = dict(clone.named_parameters())
+        for name, p in base.named_parameters():
+            assert (mine[name].data_ptr() == p.data_ptr()) == (scheme == "reference" or name not in projections), name
+        assert all(b.data_ptr() == a.data_ptr() for a, b in zip(base.buffers(), clone.buffers()))
+        assert not clone.training and not any(p.requires_grad for p in clone.parameters())
+        clone.model.norm = torch.nn.Identity()  # changing the copy's modules leaves the model as it was
+        assert not isinstance(base.model.norm, torch.nn.Identity)
+    assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())
