@@ -167,3 +167,52 @@ def test_a_quantized_copy_holds_its_quantized_matrices_and_shares_every_other_te
         clone.model.norm = torch.nn.Identity()  # changing the copy's modules leaves the model as it was
         assert not isinstance(base.model.norm, torch.nn.Identity)
     assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())
+
+
+def _whole_run(peak, command="pytest claims -q --device cpu", device="cpu"):
+    import json
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).parent / "data" / "run-record.json").read_text())
+    record["run"].update(command=command, device=device, memory=run_peak([_result("Q-BYTES-SPEED", peak)], peak))
+    return record
+
+
+def test_the_memory_a_whole_run_needs_comes_from_its_record_and_only_a_whole_runs():
+    from cheapinfer.harness.record import memory_need, memory_warning
+
+    need = memory_need(_whole_run(9 * GIB), "cpu")
+    assert need["peak_rss_bytes"] == 9 * GIB and need["set_by"]["claim"] == "Q-BYTES-SPEED" and need["created"] == "2026-01-01T00:00:00Z"
+    for partial in ("pytest claims --claims KV-API", "pytest claims -k BYTES", "pytest claims -m gpu", "pytest claims --fault x"):
+        assert memory_need(_whole_run(9 * GIB, partial), "cpu") is None, partial
+    assert memory_need(_whole_run(9 * GIB, device="cuda:0"), "cpu") is None  # a GPU run's resident set is another machine's need
+    assert memory_need(_whole_run(9 * GIB, device="cuda:0"), "cuda:1") is not None
+    line = memory_warning(_whole_run(9 * GIB), "cpu", 6 * GIB, "reports/run.json")
+    assert "9.0 GiB" in line and "6.0 GiB is available" in line and "Q-BYTES-SPEED" in line and "\n" not in line
+    assert memory_warning(_whole_run(9 * GIB), "cpu", 10 * GIB, "reports/run.json") is None
+    assert memory_warning(_whole_run(9 * GIB), "cpu", 0, "reports/run.json") is None  # unknown: no guess
+
+
+def test_verify_warns_in_one_line_before_it_starts_when_memory_is_short(tmp_path, monkeypatch, capsys):
+    import json
+
+    from cheapinfer import __main__ as cli
+    from cheapinfer.harness import report
+
+    started = []
+
+    def child(cmd, env):
+        started.append(capsys.readouterr().err)  # what was printed before the run started
+        return 4, False
+
+    monkeypatch.setattr(cli, "_run_interruptibly", child)
+    (tmp_path / report.RECORD_NAME).write_text(json.dumps(_whole_run(9 * GIB)))
+    monkeypatch.setattr(memory, "available", lambda: 5 * GIB)
+    assert cli.main(["verify", "--device", "cpu", "--report-dir", str(tmp_path)]) == 4
+    warned = [line for line in started[-1].splitlines() if "warning" in line]
+    assert len(warned) == 1 and "9.0 GiB" in warned[0] and "5.0 GiB is available" in warned[0]
+    assert cli.main(["verify", "--device", "cpu", "--report-dir", str(tmp_path), "--claims", "KV-API"]) == 4
+    assert "warning" not in started[-1]  # part of the run: the whole run's peak is not its need
+    monkeypatch.setattr(memory, "available", lambda: 20 * GIB)
+    assert cli.main(["verify", "--device", "cpu", "--report-dir", str(tmp_path)]) == 4
+    assert "warning" not in started[-1]
