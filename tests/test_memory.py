@@ -106,7 +106,7 @@ def test_a_cast_copy_holds_no_full_precision_copy():
     assert rises["cast"] < 3 * weights < rises["deepcopy"]  # 2 bytes a weight (and allocator slack) vs 4: the fp32 copy is gone
 
 
-def test_the_twin_factory_keeps_the_sessions_twins_and_drops_the_others_at_a_modules_end(monkeypatch):
+def test_the_twin_factory_keeps_the_sessions_twins_and_drops_the_others_after_each_test(monkeypatch):
     import torch
 
     from cheapinfer.runtime import models
@@ -118,9 +118,9 @@ def test_the_twin_factory_keeps_the_sessions_twins_and_drops_the_others_at_a_mod
     fp32, bf16 = factory("fp32"), factory("bf16")
     assert factory("bf16") is bf16 and bf16.dtype == torch.bfloat16  # built once while the module runs
     session = factory.keep("fp16")
-    factory.drop()  # a module's end
+    factory.drop()  # the end of the test that asked for them
     assert set(factory.built) == {"fp32", "fp16"} and factory("fp32") is fp32 and factory("fp16") is session
-    again = factory("bf16")  # a later module asks again: cast again, the same weights
+    again = factory("bf16")  # a later test asks again: cast again, the same weights
     assert again is not bf16
     assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), bf16.model.state_dict().values()))
 
