@@ -81,5 +81,5 @@ def test_a_random_cache_and_the_paged_pool_on_the_device():
 
 def test_the_read_probe_on_the_device():
     with fake_cuda_tensors():
-        _, (fn, nbytes) = accel.stream_probes(2**20, "cuda")
+        fn, nbytes = accel.read_callable(2**20, "cuda")
         assert fn().device == CUDA and nbytes == 2**20

@@ -222,15 +222,12 @@ def copy_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") 
     return (lambda: dst.copy_(src)), 2 * src.numel() * 4
 
 
-def stream_probes(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[tuple[Callable[[], object], int], tuple[Callable[[], object], int]]:
-    """:func:`copy_callable` of ``nbytes`` and a read-only stream of the same ``nbytes`` (a sum over the copy's source),
-    each with the bytes it moves: the read is the fastest a step can stream its weights on this device at this thread
-    count, the upper limit beside the copy's lower reference (one CPU thread may read faster than it copies: a copy also
-    writes, and may allocate its lines first). The read sums the copy's source, so two buffers are resident instead of
-    three (a probe sized against a CPU's last-level cache can be gigabytes); each probe still streams ``nbytes``."""
+def read_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:
+    """A read-only stream of ``nbytes`` (a sum over them) and the bytes it reads: the fastest a step can stream its
+    weights on this device at this thread count, the upper limit beside :func:`copy_callable`'s lower reference.
+    One CPU thread may read faster than it copies (a copy also writes, and may allocate its lines first)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    return ((lambda: dst.copy_(src)), 2 * src.numel() * 4), ((lambda: src.sum()), src.numel() * 4)
+    return (lambda: src.sum()), src.numel() * 4
 
 
 # ------------------------------------------------------------------------------------------------
