@@ -1,6 +1,5 @@
 """The memory a run records: the process's peak after each claim, the claim that set the run's peak (no model)."""
 
-import pytest
 
 from cheapinfer.harness import tables
 from cheapinfer.harness.record import Recorder, run_peak
@@ -52,58 +51,6 @@ def test_a_result_carries_its_memory_into_the_record():
     result = recorder.not_run("KV-BYTES-FORMULA", "arithmetic", "cpu", "skipped")
     result.memory = {"peak_rss_bytes": 5, "rss_bytes": 4}
     assert result.to_dict()["memory"] == {"peak_rss_bytes": 5, "rss_bytes": 4}
-
-
-def test_a_cast_copy_equals_deepcopy_then_cast_without_the_full_precision_copy():
-    import copy
-
-    import torch
-
-    from cheapinfer.runtime import models
-
-    base = models.twin("fp32", **SMALL).model
-    before = {k: v.clone() for k, v in base.state_dict().items()}
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        expected = copy.deepcopy(base).to(dtype=dtype)
-        got = models.cast_copy(base, dtype)
-        buffers = dict(expected.named_buffers())
-        assert {k: (v.dtype, v.shape) for k, v in got.named_buffers()} == {k: (v.dtype, v.shape) for k, v in buffers.items()}
-        assert all(torch.equal(v, buffers[k]) for k, v in got.named_buffers())
-        want = expected.state_dict()
-        assert got.state_dict().keys() == want.keys()
-        assert all(v.dtype == want[k].dtype and torch.equal(v, want[k]) for k, v in got.state_dict().items())
-        assert got.lm_head.weight is got.model.embed_tokens.weight  # the tie kept, as deepcopy keeps it
-        assert not any(p.requires_grad for p in got.parameters())
-        assert all(p.data_ptr() != q.data_ptr() for p, q in zip(got.parameters(), base.parameters()))  # a copy, even in the same dtype
-        ids = torch.arange(8)[None]
-        assert torch.equal(got(ids).logits, expected(ids).logits)
-    assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())  # the model copied is left as it was
-
-
-_CAST_PEAK = """
-import copy, sys, torch
-from cheapinfer.runtime import memory, models
-base = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096)).requires_grad_(False)
-start = memory.rss()
-half = models.cast_copy(base, torch.float16) if sys.argv[1] == "cast" else copy.deepcopy(base).to(dtype=torch.float16)
-print(sum(p.numel() for p in base.parameters()), max(memory.peak_rss(), memory.rss()) - start)
-"""
-
-
-def test_a_cast_copy_holds_no_full_precision_copy():
-    """The process's peak above its resident set before the copy, in a process of its own each: a cast copy to fp16
-    raises it by the fp16 copy (2 bytes a weight), where deepcopy-then-cast first holds an fp32 copy (4 bytes a weight)."""
-    import subprocess
-    import sys
-
-    rises = {}
-    for how in ("cast", "deepcopy"):
-        out = subprocess.run([sys.executable, "-c", _CAST_PEAK, how], capture_output=True, text=True, timeout=120)
-        if out.returncode != 0 and "TypeError" in out.stderr and memory.peak_rss() is None:
-            pytest.skip("the process's peak cannot be read here")
-        assert out.returncode == 0, out.stderr
-        weights, rises[how] = map(int, out.stdout.split())
-    assert rises["cast"] < 3 * weights < rises["deepcopy"]  # 2 bytes a weight (and allocator slack) vs 4: the fp32 copy is gone
 
 
 def test_the_twin_factory_keeps_the_sessions_twins_and_drops_the_others_after_each_test(monkeypatch):

@@ -227,15 +227,6 @@ def twin(dtype: str = "fp32", device: str | torch.device = "cpu", seed: int = SE
     return Profile("twin", model, None, f"random weights, seed {seed}, {dtype}", {"arch": QWEN25_05B.name})
 
 
-def cast_copy(model, dtype: torch.dtype):
-    """``copy.deepcopy(model).to(dtype=dtype)`` without its full-precision copy in between: each floating-point parameter
-    is cast straight into the copy (ties kept), then the buffers are cast as ``Module.to`` casts them."""
-    import copy
-
-    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=p.requires_grad) for p in model.parameters() if p.is_floating_point()}
-    return copy.deepcopy(model, memo).to(dtype=dtype)
-
-
 def library_versions() -> dict[str, str]:
     """The versions of the libraries that convert the stand-in: a conversion is only reused by the same ones."""
     from importlib.metadata import version
