@@ -1,6 +1,5 @@
 """The memory a run records: the process's peak after each claim, the claim that set the run's peak (no model)."""
 
-
 from cheapinfer.harness import tables
 from cheapinfer.harness.record import Recorder, run_peak
 from cheapinfer.runtime import memory
