@@ -103,6 +103,8 @@ def _verify(argv: list[str]) -> int:
     run_id = report.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
     claims = [args.claims] if args.claims else None
+    if not claims:
+        _warn_memory(report_dir, str(device))
     code, interrupted = _run_interruptibly(command(report_dir, claims), {**child_environment(), report.RUN_ID_VARIABLE: run_id})
     mine = report.own_record(report_dir, run_id)
     if interrupted:
@@ -122,6 +124,22 @@ def _verify(argv: list[str]) -> int:
         print("\n".join(["", *tables.summary_table(record), "", f"Run record: {mine}", last]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
+
+
+def _warn_memory(report_dir: Path, device: str) -> None:
+    """One line on stderr, before the run, when this machine has less memory available than the latest whole run in
+    ``report_dir`` measured as its peak (nothing when there is no such record, or it cannot be read)."""
+    from .harness import record as records, report, schema
+    from .runtime import memory
+
+    path = report_dir / report.RECORD_NAME
+    try:
+        latest = schema.read_record(path)
+    except (OSError, ValueError):
+        return
+    line = records.memory_warning(latest, device, memory.available(), str(path))
+    if line:
+        print(f"cheapinfer verify: warning: {line}", file=sys.stderr)
 
 
 def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:

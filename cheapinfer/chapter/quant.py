@@ -369,13 +369,18 @@ def projection_weights(model) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def quantized_copy(model, scheme: str):
-    """A deep copy of ``model`` with every projection matrix replaced by ``fake_quantize(W, scheme)``."""
+    """A copy of ``model`` with every projection matrix replaced by ``fake_quantize(W, scheme)`` (in ``W``'s dtype and layout).
+
+    Every other tensor (the embedding, the LM head, the norms, the buffers) is shared with ``model``, not copied: the copy
+    holds only its quantized matrices (a ``reference`` copy holds none), and changing one of its modules leaves ``model``
+    as it was. Never change a shared tensor in place, in either.
+    """
     if scheme != "reference":
         parse_scheme(scheme)  # fail before the copy on an unknown name
-    clone = copy.deepcopy(model)
-    if scheme != "reference":
-        for p in projection_weights(clone).values():
-            p.copy_(fake_quantize(p, scheme))
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    for p in projection_weights(model).values() if scheme != "reference" else ():
+        memo[id(p)] = torch.nn.Parameter(torch.empty_like(p).copy_(fake_quantize(p, scheme)), requires_grad=False)
+    clone = copy.deepcopy(model, memo)
     clone.eval()
     clone.requires_grad_(False)
     return clone

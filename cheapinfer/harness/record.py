@@ -163,3 +163,32 @@ def run_peak(results: list[ResultEntry], process_peak: int | None = None, top: i
     out: dict[str, Any] = {"peak_rss_bytes": max(peak, process_peak or 0), "set_by": set_by}
     out["rises"] = sorted(rises, key=lambda x: -x["rise_bytes"])[:top]
     return out
+
+
+#: Options of a run's command that select part of the claims (or break them on purpose): its peak is not a whole run's.
+_PARTIAL = ("--claims", "-k", "-m", "--fault", "--stop-on-red", "--perturb")
+
+
+def memory_need(record: dict[str, Any], device: str) -> dict[str, Any] | None:
+    """What a whole run needs, as ``record`` measured it: its ``run.memory`` (the peak, the claim that set it) and when,
+    where ``record`` is a finished run of every claim on a device of ``device``'s kind (``cpu``, ``cuda``); else None."""
+    run = record.get("run") or {}
+    mem = run.get("memory") or {}
+    words = str(run.get("command", "")).split()
+    if not mem.get("peak_rss_bytes") or run.get("interrupted") or any(w.split("=")[0] in _PARTIAL for w in words):
+        return None
+    if str(run.get("device", "")).split(":")[0] != str(device).split(":")[0]:
+        return None
+    return {**mem, "created": record.get("created", "?")}
+
+
+def memory_warning(record: dict[str, Any], device: str, available: int, where: str) -> str | None:
+    """One line when the memory available now (``available`` bytes) is less than the peak ``record`` measured for a
+    whole run on this kind of device (``where``: the record's path, to cite); None when it is enough or unknown."""
+    need = memory_need(record, device)
+    if need is None or available <= 0 or available >= need["peak_rss_bytes"]:
+        return None
+    by = need.get("set_by") or {}
+    return (f"the last whole run here peaked at {need['peak_rss_bytes'] / 2**30:.1f} GiB resident ({where}, {need['created']}"
+            f"{', in ' + by['claim'] if by.get('claim') else ''}), and {available / 2**30:.1f} GiB is available now: the system may stop "
+            "this run; free memory first, or run part of it with --claims")

@@ -225,7 +225,9 @@ def copy_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") 
 def read_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:
     """A read-only stream of ``nbytes`` (a sum over them) and the bytes it reads: the fastest a step can stream its
     weights on this device at this thread count, the upper limit beside :func:`copy_callable`'s lower reference.
-    One CPU thread may read faster than it copies (a copy also writes, and may allocate its lines first)."""
+    One CPU thread may read faster than it copies (a copy also writes, and may allocate its lines first).
+    Its buffer is its own: summing :func:`copy_callable`'s source instead (one buffer less) made the read slower on a
+    2-core CPU, and a decode step then outran it (KV-DECODE-MEMBOUND's over_read 1.20)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     return (lambda: src.sum()), src.numel() * 4
 
