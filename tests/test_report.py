@@ -205,3 +205,14 @@ def test_a_stand_in_verdict_never_reads_as_the_book_confirmed(fixed_record):
     md = report.markdown(fixed_record) + report.evidence_markdown(fixed_record)
     assert "stand-in: shape holds" in md
     assert "| shape holds |" not in md and "— shape holds" not in md
+
+
+def test_claims_not_run_for_one_reason_are_one_line_naming_them_all(fixed_record):
+    """The author reads one line for the claims that need the book's weights, not one line per claim."""
+    rec = copy.deepcopy(fixed_record)
+    reason = "book weights not found: pass --book-model PATH"
+    for cid in ("KV-IDENTITY", "Q-NF4"):
+        rec["claims"][cid]["results"] = [{**r, "verdict": "not run", "reason": reason} for r in rec["claims"][cid]["results"]]
+    lines = report._not_run_lines(rec)
+    assert f"- **KV-IDENTITY, Q-NF4** (2 claims): {reason}" in lines
+    assert sum(reason in line for line in lines) == 1

@@ -376,11 +376,13 @@ def _head(record: RunRecord, title: str) -> list[str]:
 
 
 def _not_run_lines(record: RunRecord) -> list[str]:
-    rows = [f"- **{cid}**: {r.get('reason') or 'no reason recorded'}" for cid, c in record["claims"].items()
-            for r in c.get("results", []) if r["verdict"] == NOT_RUN]
+    by_reason: dict[str, list[str]] = {}  # one line per reason: the claims that need the book's weights are one line
+    for cid, c in record["claims"].items():
+        for why in dict.fromkeys(r.get("reason") or "no reason recorded" for r in c.get("results", []) if r["verdict"] == NOT_RUN):
+            by_reason.setdefault(why, []).append(cid)
+    rows = [f"- **{', '.join(ids)}**{f' ({len(ids)} claims)' if len(ids) > 1 else ''}: {why}" for why, ids in by_reason.items()]
     untested = [cid for cid, c in record["claims"].items() if c["verdict"] == NO_TEST]
-    if untested:
-        rows.append(f"- No test yet: {', '.join(untested)}.")
+    rows += [f"- No test yet: {', '.join(untested)}."] if untested else []
     return ["## Not run", "", *rows, ""] if rows else []
 
 
