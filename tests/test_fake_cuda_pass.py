@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from cheapinfer.chapter import kv, paging, quant
-from cheapinfer.runtime import accel
+from cheapinfer.runtime import accel, hf
 from fake_cuda import fake_cuda_tensors
 
 CUDA = torch.device("cuda", 0)
@@ -83,3 +83,14 @@ def test_the_read_probe_on_the_device():
     with fake_cuda_tensors():
         fn, nbytes = accel.read_callable(2**20, "cuda")
         assert fn().device == CUDA and nbytes == 2**20
+
+
+def test_the_suites_model_tests_feed_ids_on_the_models_device():
+    """The model tests (test_paging, test_lowbit) hand their ids over through ``hf.model_ids``: on a model whose
+    parameters are on CUDA, the ids reach its embedding on CUDA, from a tensor or a list."""
+    with fake_cuda_tensors(), torch.no_grad():  # no autograd: a CPU build of torch cannot record a fake CUDA leaf
+        model = torch.nn.Embedding(64, 8, device="cuda").requires_grad_(False)
+        for made in (torch.randint(0, 64, (1, 5)), [[1, 2, 3]]):
+            ids = hf.model_ids(model, made)
+            assert model(ids).device == CUDA  # raises on CPU ids, as the kernel would
+            assert ids.device == CUDA and ids.dtype == torch.long
