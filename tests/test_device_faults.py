@@ -26,9 +26,10 @@ def _two_cards(monkeypatch) -> FakeCuda:
 
 
 #: defect -> (its fault, its CPU test's body given ``monkeypatch``, what the defect raises in that test)
+#: (set_device's: torch's own refusal, in the one line pick gives it)
 DEFECTS = {
     "set_device without an index": ("set-device-without-index", lambda mp: selection.test_pick_selects_an_indexed_cuda_device(
-        _two_cards(mp), mp, "cuda", None, "cuda:1"), DeviceUnavailable),
+        _two_cards(mp), mp, "cuda", None, "cuda:1"), (DeviceUnavailable, "specified index")),
     "NF4 codebook on the CPU": ("nf4-codebook-on-the-cpu", lambda mp: fake_pass.test_quantizers_stay_on_the_weights_device("nf4"),
                                 FakeTensorDeviceMismatchError),
     "KV-SCORES-BYTES bound on the CPU": ("kv-bound-on-the-cpu", lambda mp: fake_pass.test_the_kv_head_and_its_rounding_bound_on_the_device(),
@@ -52,6 +53,7 @@ def test_every_device_fault_guards_a_defect():
 @pytest.mark.parametrize("defect", list(DEFECTS))
 def test_each_device_fault_turns_its_defects_cpu_test_red(defect, monkeypatch):
     name, body, raised = DEFECTS[defect]
+    raised, match = raised if isinstance(raised, tuple) else (raised, None)
     body(monkeypatch)  # green as the code is
-    with monkeypatch.context() as mp, device_faults.FAULTS[name].activate(), pytest.raises(raised):
+    with monkeypatch.context() as mp, device_faults.FAULTS[name].activate(), pytest.raises(raised, match=match):
         body(mp)  # red with the defect put back
