@@ -2,7 +2,8 @@
 ``runtime/`` that fake tensors can follow runs on fake ``cuda`` tensors (:func:`fake_cuda.fake_cuda_tensors`),
 where a CPU tensor meeting a CUDA one raises as the real kernels would.
 
-What fake tensors cannot follow (a value read back to Python has no fake value), each with its direct test:
+What fake tensors cannot follow (a value read back to Python has no fake value), each with its direct test (the
+full list, every device-taking function placed, is checked by test_fake_cuda_coverage):
 
 - ``quant.extremes_kept``, ``quant.listing_blockwise`` and ``quant.rounding_rule`` read values back (``float``,
   ``bool``, ``tolist``): their tensors are the ones :func:`quant.fake_quantize` and :func:`quant.absmax_listing` make,
@@ -24,8 +25,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cheapinfer.chapter import kv, paging, quant
-from cheapinfer.runtime import accel
+from cheapinfer.chapter import asides, kv, kv_evidence, paging, quant
+from cheapinfer.runtime import accel, hf, rounding
 from fake_cuda import fake_cuda_tensors
 
 CUDA = torch.device("cuda", 0)
@@ -79,7 +80,43 @@ def test_a_random_cache_and_the_paged_pool_on_the_device():
         assert k.device == v.device == CUDA
 
 
+def test_the_paged_cache_of_a_model_takes_its_keys_on_the_device():
+    """``paging.paged_cache``: the transformers cache the model writes to, its pool on the device; an update from the
+    device's attention hands back the device's keys."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=16, intermediate_size=32, vocab_size=64)
+    with fake_cuda_tensors():
+        cache = paging.paged_cache(config, num_blocks=4, block_size=4, device="cuda")
+        k, v = cache.update(torch.zeros(1, 1, 3, 8, device="cuda"), torch.zeros(1, 1, 3, 8, device="cuda"), 0)
+        assert k.device == v.device == CUDA
+
+
+def test_the_asides_inputs_the_twins_ids_and_the_dot_product_bound_on_the_device():
+    """``asides.qkv`` (the attention aside's inputs), ``kv_evidence.random_ids`` (the twin's prompts) and
+    ``rounding.dot_bound`` (the a-priori bound of a matrix product, in float64 beside its inputs)."""
+    with fake_cuda_tensors():
+        q, k, v = asides.qkv(8, heads=2, head_dim=4, device="cuda")
+        assert q.device == k.device == v.device == CUDA
+        assert asides.explicit(q, k, v).device == asides.fused(q, k, v).device == CUDA
+        assert kv_evidence.random_ids(5, "cuda").device == CUDA
+        x, w = torch.randn(3, 16, device="cuda"), torch.randn(4, 16, device="cuda")
+        bound = rounding.dot_bound(x, w, rounding.unit_roundoff(torch.float32), bias=torch.zeros(4, device="cuda"))
+        assert bound.device == CUDA and bound.dtype == torch.float64
+
+
 def test_the_read_probe_on_the_device():
     with fake_cuda_tensors():
         fn, nbytes = accel.read_callable(2**20, "cuda")
         assert fn().device == CUDA and nbytes == 2**20
+
+
+def test_the_suites_model_tests_feed_ids_on_the_models_device():
+    """The model tests (test_paging, test_lowbit) hand their ids over through ``hf.model_ids``: on a model whose
+    parameters are on CUDA, the ids reach its embedding on CUDA, from a tensor or a list."""
+    with fake_cuda_tensors(), torch.no_grad():  # no autograd: a CPU build of torch cannot record a fake CUDA leaf
+        model = torch.nn.Embedding(64, 8, device="cuda").requires_grad_(False)
+        for made in (torch.randint(0, 64, (1, 5)), [[1, 2, 3]]):
+            ids = hf.model_ids(model, made)
+            assert model(ids).device == CUDA  # raises on CPU ids, as the kernel would
+            assert ids.device == CUDA and ids.dtype == torch.long

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cheapinfer.runtime import corpus, rounding
+from cheapinfer.runtime import corpus, hf, rounding
 from cheapinfer.chapter import lowbit, quant
 
 PPL_TOKENS = 256  # one window: a few hundred corpus tokens keep this test at seconds
@@ -128,7 +128,7 @@ def test_int8_kernel_gives_the_perplexity_of_the_suites_fake_quantized_int8(stan
     row, on the kernel's path only, and that moves the perplexity by a few tenths of a percent,
     with no a-priori bound tighter than the int8 scheme's own gap.
     """
-    ids = corpus.held_out_ids(stand_in.tokenizer, corpus_text, PPL_TOKENS).to(stand_in.device)
+    ids = hf.model_ids(stand_in.model, corpus.held_out_ids(stand_in.tokenizer, corpus_text, PPL_TOKENS))
     weights = quant.projection_weights(stand_in.model)
     fake = quantized_variant(stand_in, "int8-row")  # the EVAL table's own variant (fp32)
     real = lowbit.variant(stand_in.model, "int8", projections_only=True)

@@ -52,7 +52,7 @@ def test_generate_on_the_paged_cache_equals_dynamic_cache(which, new_tokens, req
     """``model.generate`` with a paged cache (blocks smaller than the prompt, so it spans several) hands back what was written, and gives DynamicCache's greedy tokens up to near-ties."""
     profile = request.getfixturevalue("twin" if which == "twin" else "stand_in")
     model = profile.model
-    ids = torch.randint(0, 1000, (1, 5), generator=torch.Generator().manual_seed(0)).to(profile.device)
+    ids = hf.model_ids(model, torch.randint(0, 1000, (1, 5), generator=torch.Generator().manual_seed(0)))
     with timing.cpu_threads():
         want = _generate(model, ids, hf.new_cache(model.config), new_tokens)
         cache = paging.paged_cache(model.config, num_blocks=8, block_size=4, dtype=profile.dtype, device=profile.device)
@@ -69,7 +69,7 @@ def test_generate_on_the_paged_cache_equals_dynamic_cache(which, new_tokens, req
 def test_suite_loop_on_the_paged_cache_equals_its_own_cache(stand_in):
     """The suite's own greedy loop (kv.greedy_cached) on the paged cache hands back what was written and gives its own cache's tokens up to near-ties; crop gives blocks back."""
     model = stand_in.model
-    ids = torch.tensor([stand_in.tokenizer("The history of the Roman empire began when")["input_ids"]], device=stand_in.device)
+    ids = hf.model_ids(model, [stand_in.tokenizer("The history of the Roman empire began when")["input_ids"]])
     with timing.cpu_threads():
         want = kv.greedy_cached(model, ids, NEW_TOKENS)
         cache = paging.paged_cache(model.config, num_blocks=4, block_size=16, device=stand_in.device)

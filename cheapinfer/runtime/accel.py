@@ -273,6 +273,11 @@ def _nvidia_smi(query: str) -> str:
         return "n/a"
 
 
+def rocm_version() -> str | None:
+    """The HIP version of a ROCm build of torch (which answers ``torch.cuda`` for an AMD GPU), or None."""
+    return getattr(torch.version, "hip", None)
+
+
 def describe(device: torch.device | str) -> dict[str, str]:
     """The device in the words a reader compares runs by; on a CPU, the GPU entries say none."""
     desc = {
@@ -284,7 +289,7 @@ def describe(device: torch.device | str) -> dict[str, str]:
         "cuda": torch.version.cuda or "n/a (CPU build)",  # the CUDA torch was built with
         "cudnn": "n/a",
     }
-    hip = getattr(torch.version, "hip", None)
+    hip = rocm_version()
     if hip:  # a ROCm build answers torch.cuda for an AMD GPU: its library is HIP, its DNN library MIOpen
         desc["cuda"] = f"n/a (ROCm/HIP {hip} build)"
     if _cuda(device):

@@ -83,6 +83,12 @@ def generate(model, input_ids: torch.Tensor, *, cache=None, **kwargs: Any) -> to
     return model.generate(input_ids, **kwargs)
 
 
+def model_ids(model, ids) -> torch.Tensor:
+    """Token ids (a tensor, or a list of ids or of rows of ids) as a long tensor on ``model``'s device, where its
+    embedding reads them: ids made on the CPU for a model on a GPU fail at its first layer (issue 41)."""
+    return torch.as_tensor(ids, dtype=torch.long).to(next(model.parameters()).device)
+
+
 def output_cache(out):
     """The cache a forward returned, or None, read without tripping the old name's deprecation."""
     fields = getattr(out, "__dataclass_fields__", {})
