@@ -4,6 +4,8 @@
 code, with the claims it must turn red. ``core``: what a fault is and how it registers. ``runner``: runs the claims
 under each fault and records which turned red (``python -m cheapinfer faults``), its phases planned by the pure
 ``plan`` and ``alone_jobs``; ``child``: the pytest processes of the fault runs (a fork server) and ``halt``.
+``writer`` and ``text``: the suite's own faults (atomic writes; the checks of the chapter's text), each turning
+its own checks red in tests/.
 
 May import: ``chapter``, ``runtime`` and ``harness``.
 """
