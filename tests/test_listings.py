@@ -8,6 +8,7 @@ import tomllib
 import pytest
 import torch
 
+from cheapinfer.faults.text import LISTINGS, TEXT_FAULTS
 from cheapinfer.harness import explanations, locate
 
 SEEDS = sorted(locate.SEEDS.glob("*.txt")) if locate.SEEDS.is_dir() else []
@@ -55,18 +56,27 @@ def test_a_listing_marked_verbatim_is_the_function_its_claim_runs(seed):
             f"{item.id}: marked verbatim={item.verbatim}, but {item.runs} {'differs from' if item.verbatim else 'is'} the printed statements")
 
 
-def test_the_statement_comparison_sees_a_changed_bound_and_ignores_spacing_and_comments():
+def _listings_check():
+    """The statement comparison sees a changed bound or a missing statement, and ignores spacing and comments; a listing
+    is a run of code paragraphs a blank line apart, prose and bare words left out."""
     runs = "cheapinfer/chapter/quant.py:absmax_listing"
     listing = ("qmax  = 2 ** (bits - 1) - 1\nscale = W.abs().max() / qmax   \n"
                "Wq    = torch.round(W / scale).clamp(-qmax - 1, qmax)\nW_hat = Wq * scale   # dequantized")
     assert explanations.same_statements(listing, runs)
     assert not explanations.same_statements(listing.replace("-qmax - 1", "-qmax"), runs)
     assert not explanations.same_statements(listing.rsplit("\n", 1)[0], runs)
-
-
-def test_code_listings_joins_paragraphs_a_blank_line_apart_and_skips_prose():
     text = "Proza met een zin.\n\nx = f(1)\n\nfor _ in range(2):\n    x = f(x)\n\n8 GB\n\n\"een zin\"\n\n\ny = 2\n"
     assert explanations.code_listings(text) == [(3, "x = f(1)\n\nfor _ in range(2):\n    x = f(x)"), (13, "y = 2")]
+
+
+def test_the_listings_check():
+    _listings_check()
+
+
+@pytest.mark.parametrize("name", [n for n, f in TEXT_FAULTS.items() if f.check == LISTINGS])
+def test_each_listings_fault_turns_the_check_red(name):
+    with TEXT_FAULTS[name].activate(), pytest.raises(AssertionError):
+        _listings_check()
 
 
 def test_a_listing_without_its_claim_or_why_is_refused():

@@ -1,7 +1,8 @@
 """The text checks' faults: the suite's own bugs, not the chapter's. Each patches one value or function of the checks
 that read the chapter's text (:mod:`cheapinfer.harness.textchecks`, :mod:`~cheapinfer.harness.grades`,
 :mod:`~cheapinfer.harness.locate`) at its narrowest point, by a bug these checks could realistically have, and must
-turn that check red (tests/test_errata_text.py): a check that stays green under its fault proves nothing.
+turn that check red (tests/test_errata_text.py; the listings' check in tests/test_listings.py, reading
+:mod:`~cheapinfer.harness.explanations`): a check that stays green under its fault proves nothing.
 
 :data:`TEXT_FAULTS`: fault name -> :class:`TextFault` (the check it must turn red, the bug in one sentence, and the
 context manager that holds it for as long as the block runs).
@@ -15,11 +16,12 @@ from dataclasses import dataclass
 from typing import Callable, ContextManager, Iterator
 from unittest import mock
 
-from ..harness import grades, locate, textchecks
+from ..harness import explanations, grades, locate, textchecks
 from .core import patched
 
 UNITS, FORMULAS, ROUND_WORDS, LOCATE, PATCH = "units classification", "formula locale", "round-word grading", "locate by quote", "patch writer"
-CHECKS = (UNITS, FORMULAS, ROUND_WORDS, LOCATE, PATCH)
+LISTINGS = "listings"
+CHECKS = (UNITS, FORMULAS, ROUND_WORDS, LOCATE, PATCH, LISTINGS)
 
 
 @dataclass(frozen=True)
@@ -123,4 +125,17 @@ def _replace_every(text: str, spans: list[tuple[int, int, str, str]]) -> str:
         "the patch writer replaces each quote by str.replace on the text as it changes: every occurrence, those an earlier replacement wrote included")
 def _():
     with patched(locate, "splice", _replace_every):
+        yield
+
+
+@_fault("listing-split-at-blank-lines", LISTINGS, "a listing is cut at each blank line: the cached loop's prefill and loop read as two listings")
+def _():
+    with patched(explanations, "JOIN", 0):
+        yield
+
+
+@_fault("statements-compared-by-kind", LISTINGS,
+        "a listing's statements are compared by kind only (an assignment is an assignment): a changed bound or name still reads as verbatim")
+def _():
+    with patched(explanations, "statement_key", lambda node: type(node).__name__):
         yield

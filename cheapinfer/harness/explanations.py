@@ -104,6 +104,10 @@ def _is_code(block: str) -> bool:
     return any(not (isinstance(n, ast.Expr) and isinstance(n.value, (ast.Constant, ast.Name))) for n in tree.body)
 
 
+#: Blank lines between two paragraphs of one listing (the cached loop's prefill and loop are one listing).
+JOIN = 1
+
+
 def code_listings(text: str) -> list[tuple[int, str]]:
     """Every listing of the chapter's ``text``: (its first line, its source), a run of paragraphs that parse as Python
     statements (a bare word or string is prose); paragraphs only a blank line apart are one listing."""
@@ -113,7 +117,7 @@ def code_listings(text: str) -> list[tuple[int, str]]:
         start = text.count("\n", 0, m.start()) + 1
         block = m.group(0).rstrip("\n")
         if _is_code(block):
-            if out and previous_end == start - 2:
+            if out and previous_end == start - 1 - JOIN:
                 out[-1] = (out[-1][0], out[-1][1] + "\n\n" + block)
             else:
                 out.append((start, block))
@@ -136,8 +140,12 @@ def same_statements(source: str, runs: str) -> bool:
     """Whether the function ``runs`` ("path:function") executes the printed ``source``'s statements, no more, no fewer
     (compared as syntax trees: spacing and comments aside, a changed name, argument or bound differs), before it returns."""
     path, _, function = runs.partition(":")
-    printed = [ast.dump(n) for n in ast.parse(source).body]
-    return printed == [ast.dump(n) for n in _function_body(path, function)]
+    return [statement_key(n) for n in ast.parse(source).body] == [statement_key(n) for n in _function_body(path, function)]
+
+
+def statement_key(node: ast.stmt) -> str:
+    """What two statements must share to be the same: their whole syntax tree (no positions, so no spacing or comments)."""
+    return ast.dump(node)
 
 
 def problems(found: Iterable[Sentence], claim_checks: Mapping[str, set[str]], errata_ids: set[str]) -> list[str]:
