@@ -1,12 +1,14 @@
 """cheapinfer/errata.toml: every graded finding located in both translations, graded by the one rule, and applied as a patch."""
 
 import copy
+from collections import Counter
 import shutil
 import subprocess
 import tomllib
 
 import pytest
 
+from cheapinfer.faults.text import CHECKS, FORMULAS, LISTINGS, LOCATE, PATCH, ROUND_WORDS, TEXT_FAULTS, UNITS
 from cheapinfer.harness import grades, locate, registry, textchecks
 
 SEEDS = sorted(locate.SEEDS.glob("*.txt")) if locate.SEEDS.is_dir() else []
@@ -54,25 +56,18 @@ def test_a_replacement_equal_to_its_quote_must_say_it_keeps_the_text():
         locate.entries(raw)
 
 
-def test_a_quote_found_twice_or_not_at_all_is_refused_with_its_lines():
-    text = "een\n768 MB hier\nen 768 MB daar\n"
-    with pytest.raises(locate.LocateError, match=r"lines 2, 3"):
-        locate.line_of(text, "768 MB")
-    with pytest.raises(locate.LocateError, match="not found"):
-        locate.line_of(text, "84 KB")
-    assert locate.line_of(text, "768 MB daar") == 3
-
-
-@pytest.mark.parametrize("stated, value, fold, whole, expected", [
+ROUND_WORD_CASES = [
     (6, 6.51, True, None, "imprecision"),  # zesvoudig: 6.51 is 7 to a whole fold
     (20, 20.85, True, None, "imprecision"),  # twintigvoudig
     (6000, 6298, False, None, None),  # zesduizend: to the thousand, 6,298 is 6,000
     (900, 856, False, 896, "inconsistency"),  # in its band, but more than the printed whole
     (900, 856, False, None, None),
     (10, None, False, None, None),  # bijna tien jaar: nothing measures it
-])
-def test_the_round_word_rule(stated, value, fold, whole, expected):
-    assert grades.round_word_grade(stated, value, fold=fold, whole=whole) == expected
+    (7, 6.5, True, None, None),  # exactly half a fold rounds away from zero: 6.5 is 7
+    (6, 6.5, True, None, "imprecision"),
+    (6000, 5500, False, None, None),  # half a thousand: 5,500 is 6,000
+    (6000, 6500, False, None, "imprecision"),  # and 6,500 is 7,000
+]
 
 
 @needs_seeds
@@ -101,6 +96,9 @@ def test_the_patch_applies_once_and_the_patched_chapter_still_parses(seed, tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     after = work.read_text(encoding="utf-8")
     assert after == locate.patched(text, lang)
+    # read from the patched text, not from the writer: each replacement stands once more than before it was applied
+    added = Counter(o.replacements[lang] for e in locate.entries() for o in e.occurrences if o.changes(lang))
+    assert {new: after.count(new) - text.count(new) for new in added} == dict(added)
     assert after.count("\n") == text.count("\n")
     # the patched chapter still parses: it is the same translation, and each replacement stands in it exactly once
     assert locate.language_of(after) == lang
@@ -129,19 +127,6 @@ def test_the_text_checks_find_what_the_entries_list(seed):
         assert u["readings"] == (["decimal"] if u["keep"] else ["binary"]), u
     lines = [f["line"] for f in textchecks.formula_findings(text)]
     assert lines == locate.locations(text, lang)["formula-locale"]
-
-
-def test_the_byte_readings():
-    assert textchecks.readings("768 MB", 65536 * 12288) == {"binary"}
-    assert textchecks.readings("67 MB", 4096 * 4096 * 4) == {"decimal"}
-    assert textchecks.readings("12 KB", 12288) == {"binary", "decimal"}
-    assert textchecks.readings("13,0 GB", 14e9) == {"binary"}
-
-
-def test_a_formula_in_the_prose_locale_is_no_finding():
-    prose = "Een zin met 65.536 tokens en 4,25 bits per weight, lang genoeg om als proza te tellen, en nog wat woorden erbij.\n"
-    assert textchecks.formula_findings(prose + "$4 + 16/128 = 4{,}125$\n$2 \\times 6 = 12$\n") == []
-    assert [f["line"] for f in textchecks.formula_findings(prose + "$4 + 16/128 = 4.125$\n")] == [2]
 
 
 @needs_seeds
@@ -180,3 +165,77 @@ def test_the_errata_command_refuses_a_doubled_quote_and_bad_files_in_one_line(tm
         assert main(["errata", "--chapter", str(path), "-o", str(tmp_path / "x.patch")]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "x.patch").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# the text checks, each also run under the faults of cheapinfer.faults.text (it must turn red there)
+# ----------------------------------------------------------------------------------------------
+
+def _units_check():
+    assert textchecks.readings("768 MB", 65536 * 12288) == {"binary"}
+    assert textchecks.readings("67 MB", 4096 * 4096 * 4) == {"decimal"}
+    assert textchecks.readings("12 KB", 12288) == {"binary", "decimal"}
+    assert textchecks.readings("13,0 GB", 14e9) == {"binary"}
+
+
+def _formula_check():
+    prose = "Een zin met 65.536 tokens en 4,25 bits per weight, lang genoeg om als proza te tellen, en nog wat woorden erbij.\n"
+    english = "A sentence with 65,536 tokens and 4.25 bits per weight, long enough to count as prose, and a few more words.\n"
+    assert (textchecks.prose_locale(prose), textchecks.prose_locale(english)) == ("comma", "point")
+    assert textchecks.formula_findings(prose + "$4 + 16/128 = 4{,}125$\n$2 \\times 6 = 12$\n") == []
+    assert [f["line"] for f in textchecks.formula_findings(prose + "$4 + 16/128 = 4.125$\n")] == [2]
+    assert [f["line"] for f in textchecks.formula_findings(english + "$4 + 16/128 = 4{,}125$\n")] == [2]
+
+
+def _round_word_check():
+    for stated, value, fold, whole, expected in ROUND_WORD_CASES:
+        assert grades.round_word_grade(stated, value, fold=fold, whole=whole) == expected, (stated, value)
+
+
+def _entries(*pairs):
+    """Entries of one occurrence each, the same words in both languages."""
+    return locate.entries({"entry": [{"id": f"e{i}", "title": "t", "basis": "wrong", "finding": "f",
+                                      "occurrence": [{"nl": q, "vi": q, "nl_new": new, "vi_new": new}]} for i, (q, new) in enumerate(pairs)]})
+
+
+def _locate_check():
+    text = "een\n768 MB hier\nen 768 MB daar\n"
+    with pytest.raises(locate.LocateError, match=r"lines 2, 3"):
+        locate.line_of(text, "768 MB")
+    with pytest.raises(locate.LocateError, match="not found"):
+        locate.line_of(text, "84 KB")
+    assert locate.line_of(text, "768 MB daar") == 3
+    with pytest.raises(locate.LocateError, match=r"e0, occurrence 1 \(nl\): found more than once \(lines 2, 3"):
+        locate.patched(text, "nl", _entries(("768 MB", "768 MiB")))
+
+
+def _patch_check():
+    """Each replacement applies exactly once, at its place, even where another's replacement prints its quote."""
+    text = "de cache is 768 MB\nen 805 MB daar\n"
+    found = _entries(("is 768 MB", "is 768 MiB, niet 805 MB"), ("805 MB", "805 MB (decimaal)"))
+    after = locate.patched(text, "nl", found)
+    assert after == "de cache is 768 MiB, niet 805 MB\nen 805 MB (decimaal) daar\n"
+    for e in found:
+        new = e.occurrences[0].replacements["nl"]
+        assert after.count(new) == text.count(new) + 1, new
+
+
+TEXT_CHECKS = {UNITS: _units_check, FORMULAS: _formula_check, ROUND_WORDS: _round_word_check, LOCATE: _locate_check, PATCH: _patch_check}
+
+
+@pytest.mark.parametrize("check", list(TEXT_CHECKS))
+def test_the_text_check(check):
+    TEXT_CHECKS[check]()
+
+
+@pytest.mark.parametrize("name", [n for n, f in TEXT_FAULTS.items() if f.check in TEXT_CHECKS])
+def test_each_text_fault_turns_its_check_red(name):
+    """The checks above are not true by construction: under each fault of cheapinfer.faults.text its check fails."""
+    fault = TEXT_FAULTS[name]
+    with fault.activate(), pytest.raises((AssertionError, pytest.fail.Exception)):
+        TEXT_CHECKS[fault.check]()
+
+
+def test_every_text_check_has_a_fault():
+    """The listings' check and its faults: tests/test_listings.py."""
+    assert set(TEXT_CHECKS) | {LISTINGS} == set(CHECKS) == {f.check for f in TEXT_FAULTS.values()}

@@ -17,6 +17,7 @@ import copy
 import difflib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -179,16 +180,74 @@ def test_every_graded_entry_of_the_report_has_its_places_quotes_and_replacements
             assert set(lines) == set(quotes) == set(new) == {"nl", "vi"}, (e["id"], lines)
             assert all(isinstance(n, int) and n > 0 for n in lines.values()) and all(quotes.values()) and all(new.values())
     md = report.markdown(fixed_record)
-    for entry in fixed_record["text"]["entries"]:
-        assert f"{entry['title']} — {entry['grade']}" in md
-    assert "**not found**" not in md
+    listed = _author_entries(md)
+    assert sorted(listed) == sorted(f"{e['title']} — {e['grade']}" for e in fixed_record["text"]["entries"])
+    assert _unplaced(listed) == []
+
+
+_CODE = re.compile(r"^(`+) ?(.*?) ?\1$")
+KEPT = "unchanged (listed, right as printed)"
+
+
+def _author_entries(md: str) -> dict[str, list[list[str]]]:
+    """errata.md read back: each entry of the author's list and its notes (its ``### `` heading) -> its table's rows of cells."""
+    out: dict[str, list[list[str]]] = {}
+    section, entry = "", None
+    for line in md.splitlines():
+        if line.startswith("## "):
+            section, entry = line[3:], None
+        elif section in ("Errata for the author", "Notes") and line.startswith("### "):
+            entry = line[4:].split(". ", 1)[1]
+            out[entry] = []
+        elif entry is not None and line.startswith("| ") and not line.startswith("| nl line "):
+            out[entry].append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return out
+
+
+def _unplaced(listed: dict[str, list[list[str]]]) -> list[str]:
+    """Each entry of errata.md without a place: no row, or a row without a line, printed words or replacement in a language."""
+    out = []
+    for title, rows in listed.items():
+        if not rows:
+            out.append(f"{title}: no place")
+        for row in rows:
+            for lang, (line, printed, new) in zip(("nl", "vi"), (row[:3], row[3:6])):
+                if not line.isdigit() or int(line) < 1:
+                    out.append(f"{title}: no {lang} line ({line!r})")
+                m = _CODE.match(printed)
+                if not (m and m.group(2).strip()):
+                    out.append(f"{title}: no {lang} printed words ({printed!r})")
+                m = _CODE.match(new)
+                if new != KEPT and not (m and m.group(2).strip()):
+                    out.append(f"{title}: no {lang} replacement ({new!r})")
+    return out
+
+
+def _lost_line(entry):
+    occ = entry["occurrences"][0]
+    del occ["lines"]["vi"]
+    occ["errors"]["vi"] = "not found: 'cache đều là 768 MB'"
+
+
+@pytest.mark.parametrize("lose, said", [
+    (_lost_line, "no vi line ('**not found**')"),
+    (lambda e: e["occurrences"][0]["quotes"].update(nl=""), "no nl printed words ('``')"),
+    (lambda e: e["occurrences"][0]["replacements"].update(vi=" "), "no vi replacement"),
+    (lambda e: e.update(occurrences=[]), "no place"),
+], ids=["line", "quote", "replacement", "occurrences"])
+def test_a_report_entry_without_its_line_quote_or_replacement_fails_the_check(fixed_record, lose, said):
+    """The check above reads errata.md as rendered: an entry that lost any of the three fails it, named."""
+    broken = copy.deepcopy(fixed_record)
+    entry = broken["text"]["entries"][1]
+    lose(entry)
+    missing = _unplaced(_author_entries(report.markdown(broken)))
+    assert missing and all(m.startswith(f"{entry['title']} — {entry['grade']}: ") for m in missing), missing
+    assert any(said in m for m in missing), missing
 
 
 def test_an_entry_that_lost_its_place_says_so_in_the_report(fixed_record):
     broken = copy.deepcopy(fixed_record)
-    occ = broken["text"]["entries"][0]["occurrences"][0]
-    del occ["lines"]["vi"]
-    occ["errors"]["vi"] = "not found: 'cache đều là 768 MB'"
+    _lost_line(broken["text"]["entries"][0])
     md = report.markdown(broken)
     assert "**not found**" in md and "**Not placed in the vi text:** not found" in md
 

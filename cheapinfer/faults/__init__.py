@@ -4,8 +4,8 @@
 code, with the claims it must turn red. ``core``: what a fault is and how it registers. ``runner``: runs the claims
 under each fault and records which turned red (``python -m cheapinfer faults``), its phases planned by the pure
 ``plan`` and ``alone_jobs``; ``child``: the pytest processes of the fault runs (a fork server) and ``halt``.
-``writer`` and ``device``: the suite's own bugs (a write in place; the device path's defects of issue 41), which
-turn self-tests red rather than claims.
+``writer``, ``device`` and ``text``: the suite's own faults (a write in place; the device path's defects of issue 41;
+the checks of the chapter's text), each turning its own self-tests red in tests/ rather than claims.
 
 May import: ``chapter``, ``runtime`` and ``harness``.
 """

@@ -143,6 +143,12 @@ def patched(text: str, lang: str, found: list[Entry] | None = None) -> str:
     for (s1, e1, _, a), (s2, _, _, b) in zip(spans, spans[1:]):
         if s2 < e1:
             raise LocateError(f"{a} and {b} replace overlapping text at line {text.count(chr(10), 0, s2) + 1}")
+    return splice(text, spans)
+
+
+def splice(text: str, spans: list[tuple[int, int, str, str]]) -> str:
+    """``text`` with each ``(start, end, new, entry)`` span of the original text (sorted, disjoint) replaced by ``new``:
+    each replacement once, at its own place, so that a replacement's words are never replaced again."""
     out, at = [], 0
     for start, end, new, _ in spans:
         out += [text[at:start], new]

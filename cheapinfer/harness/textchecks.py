@@ -43,6 +43,8 @@ ROUND_WORDS: tuple[dict[str, Any], ...] = (
 )
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+#: Each locale's separators: (thousands, decimal).
+SEPARATORS = {EN: (",", "."), PROSE: (".", ",")}
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
@@ -52,7 +54,7 @@ def number(text: str, locale: str) -> float:
     if not found:
         raise LocateError(f"no number in {text!r}")
     digits = found[-1]
-    thousands, decimal = (",", ".") if locale == EN else (".", ",")
+    thousands, decimal = SEPARATORS[locale]
     return float(digits.replace(thousands, "").replace(decimal, "."))
 
 
@@ -117,6 +119,8 @@ def round_words(text: str, lang: str) -> list[RoundWord]:
 
 _SIZE = re.compile(r"(\d+(?:,\d+)?)\s?([KMG])B\b")
 _POWER = {"K": 1, "M": 2, "G": 3}
+#: Each unit system's step: a kilo of it is BASES[name] bytes.
+BASES = {"decimal": 10**3, "binary": 2**10}
 
 
 def readings(printed: str, nbytes: float) -> set[str]:
@@ -129,7 +133,7 @@ def readings(printed: str, nbytes: float) -> set[str]:
     places = len(digits.split(",")[1]) if "," in digits else 0
     value = float(digits.replace(",", "."))
     out = set()
-    for name, base in (("decimal", 1000), ("binary", 1024)):
+    for name, base in BASES.items():
         if round(nbytes / base ** _POWER[unit], places) == value:
             out.add(name)
     return out
