@@ -420,6 +420,17 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"cheapinfer {__version__}"
 
 
+def test_a_runs_summary_names_the_suites_version(tmp_path):
+    """The terminal summary a reader copies into an issue says which release measured it."""
+    from cheapinfer import __version__
+    from harness import python_m
+
+    run = python_m("pytest", "-p", "no:cacheprovider", "-q", f"--report-dir={tmp_path}", "claims", "--claims", "KV-BYTES-FORMULA",
+                   cwd=Path(__file__).resolve().parent.parent)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f" chapter claims, cheapinfer {__version__} " in run.stdout
+
+
 @pytest.mark.parametrize("command", ["compare", "merge", "budget", "faults"])
 def test_a_broken_registry_is_one_line_and_exit_4_from_every_command(command, capsys, monkeypatch):
     def broken():
