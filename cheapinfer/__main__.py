@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from . import CHECKOUT
-from .runtime.cli import Parser, child_environment, nonempty, timing_threads
+from .runtime.cli import Parser, child_environment, env_flag, nonempty, timing_threads
 
 ROOT = CHECKOUT
 #: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).
@@ -232,7 +232,12 @@ def _run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
 def _fetch(argv: list[str]) -> int:
     from .runtime import artifacts, models
 
-    Parser(prog="cheapinfer fetch", description="Download the pinned artifacts into the cache (CHEAPINFER_CACHE, else the user cache directory) and convert the stand-in once.").parse_args(argv)
+    p = Parser(prog="cheapinfer fetch", description="Download the pinned artifacts into the cache (CHEAPINFER_CACHE, else the user cache directory) and convert the stand-in once.")
+    p.parse_args(argv)
+    try:  # a typo is refused whether or not anything needs downloading (a full cache would never read it)
+        env_flag(artifacts.OFFLINE_VARIABLE)
+    except ValueError as exc:
+        p.error(str(exc))
     try:
         for artifact in artifacts.ARTIFACTS.values():
             path = artifacts.fetch(artifact)

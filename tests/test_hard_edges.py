@@ -375,6 +375,16 @@ def test_cheapinfer_offline_takes_the_usual_words_and_refuses_others(value, mean
         assert cli.env_flag(artifacts.OFFLINE_VARIABLE, env) is means
 
 
+def test_fetch_refuses_an_offline_typo_even_when_nothing_needs_downloading(capsys, monkeypatch):
+    """A full cache never reads CHEAPINFER_OFFLINE: fetch reads it first, so 'ja' is one line and exit 2, not a silent 0."""
+    monkeypatch.setenv(artifacts.OFFLINE_VARIABLE, "ja")
+    monkeypatch.setattr(artifacts, "fetch", lambda a: pytest.fail("fetch ran with a refused CHEAPINFER_OFFLINE"))
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["fetch"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exc.value.code == 2 and len(err) == 1 and "CHEAPINFER_OFFLINE='ja': expected one of 1, true, yes, on" in err[0]
+
+
 def test_cheapinfer_offline_true_forbids_the_download(tmp_path, monkeypatch):
     monkeypatch.setenv(artifacts.OFFLINE_VARIABLE, "yes")
     with pytest.raises(artifacts.ArtifactUnavailable, match="CHEAPINFER_OFFLINE=yes"):
