@@ -589,3 +589,18 @@ def test_verify_on_a_disk_that_fills_keeps_its_record_and_points_at_no_report_it
                       "replaced (No space left on device): they are as they were"], full.stderr
     assert schema.read_record(kept)["run"]["id"] != schema.read_record(tmp_path / "run.json")["run"]["id"]
     assert "Errata report:" not in full.stdout and "were not replaced: see the error above" in full.stdout
+
+
+@pytest.mark.parametrize("case,said", [("duplicate", "is not valid TOML: Cannot declare"), ("nan-tolerance", "needs a finite tol > 0")])
+def test_a_broken_registry_through_pytest_is_one_line_and_exit_4(case, said, tmp_path):
+    """The path a maintainer meets first (pytest's configure), not only the commands'."""
+    from harness import python_m
+
+    env = {**os.environ, "BROKEN_REGISTRY": case,
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
+    run = python_m("pytest", "-p", "no:cacheprovider", "-p", "broken_registry", f"--report-dir={tmp_path}", "--co", "-q",
+                   "claims/test_budget.py", cwd=Path(__file__).resolve().parent.parent, env=env)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == registry.REGISTRY_EXIT, run.stdout[-2000:] + run.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("ERROR: the registry ") and said in lines[0], run.stderr
+    assert "Traceback" not in run.stdout + run.stderr and not list(tmp_path.iterdir())
