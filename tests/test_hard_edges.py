@@ -604,3 +604,11 @@ def test_a_broken_registry_through_pytest_is_one_line_and_exit_4(case, said, tmp
     assert run.returncode == registry.REGISTRY_EXIT, run.stdout[-2000:] + run.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("ERROR: the registry ") and said in lines[0], run.stderr
     assert "Traceback" not in run.stdout + run.stderr and not list(tmp_path.iterdir())
+
+
+def test_compare_names_the_release_that_made_each_record(capsys):
+    from cheapinfer import __version__
+
+    assert cmp.compare_cli([str(RECORD), str(RECORD)]) == 0
+    heads = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("before:", "after: "))]
+    assert len(heads) == 2 and all(f": cheapinfer {__version__} on " in line for line in heads), heads

@@ -409,7 +409,7 @@ def compare_cli(argv: list[str]) -> int:
     else:
         for label, path, record, more in (("before:", args.before, before, args.before_reruns), ("after: ", args.after, after, args.after_reruns)):
             also = f" (and {len(more)} rerun(s): {', '.join(map(str, more))})" if more else ""
-            print(printable(f"{label} {path}: {machine_label(record.get('environment', {}))}, {record.get('created', '?')}{also}"))
+            print(printable(f"{label} {path}: {record.get('suite', '?')} on {machine_label(record.get('environment', {}))}, {record.get('created', '?')}{also}"))
         for line in environment_changes(before, after):
             print(printable(f"  environment {line}"))
         # Claims that changed first, then the harness errors (a test raised before its verdict), then the rest.
