@@ -4,8 +4,9 @@
 code, with the claims it must turn red. ``core``: what a fault is and how it registers. ``runner``: runs the claims
 under each fault and records which turned red (``python -m cheapinfer faults``), its phases planned by the pure
 ``plan`` and ``alone_jobs``; ``child``: the pytest processes of the fault runs (a fork server) and ``halt``.
-``writer``, ``device`` and ``text``: the suite's own faults (a write in place; the device path's defects of issue 41;
-the checks of the chapter's text), each turning its own self-tests red in tests/ rather than claims.
+``writer``, ``device``, ``text`` and ``records``: the suite's own faults (a write in place; the device path's defects of
+issue 41; the checks of the chapter's text; the readers of run records, ``compare`` and the report), each turning its own
+self-tests red in tests/ rather than claims.
 
 May import: ``chapter``, ``runtime`` and ``harness``.
 """

@@ -14,8 +14,9 @@ moved beyond its tolerance, and exits 1 on a regression:
   check's own (``exact``: any change; ``rel``: ``tol`` x the book's value; ``abs``: ``tol``). For a
   quantity checked only by shape (ratios of timings, growth factors, fractions) against a bound, it
   regresses when it moves toward the bound by more than ``--band`` (default 0.25) relative, on a
-  check that was asserted; a larger move away from the bound, or of a value that was only reported,
-  is printed as a change, not a regression. The shape values are ratios
+  check that was asserted: a drop toward a lower bound (``>``, ``>=``), a rise toward an upper one (``<``, ``<=``),
+  either toward a range's (``0 < x < 1``: every bound of the quantity on the result's profile counts); a larger
+  move away from the bound, or of a value that was only reported, is printed as a change, not a regression. The shape values are ratios
   of medians of interleaved rounds; 25% is a stated margin for their run-to-run noise on a shared
   machine, not a measured one. Tighten it on a quiet, dedicated CI runner; widen it when comparing
   machines of different kinds. A clocked value recorded with its standard error in both runs moves
@@ -130,25 +131,35 @@ def _moved(before: Any, after: Any, form: str, width: float) -> bool:
     return abs(b - a) > width * abs(a) if a != 0 else b != 0
 
 
-def shape_bound(q: str, claim: ClaimEntry) -> tuple[str, float] | None:
-    """(op, bound) of the numeric shape check of ``q`` (or of its printed-bound digits check), if it has one."""
+def shape_bounds(q: str, claim: ClaimEntry, profile: str = "") -> tuple[tuple[str, float], ...]:
+    """Every numeric (op, bound) of ``q``'s shape checks (or of its printed-bound digits check) that applies on
+    ``profile`` (all of them where it is ""): one for a one-sided bound, two for a range (Q-NF4's ``0 < block_share < 1``)."""
+    out = []
     for spec in claim.get("checks", []):
-        if spec["q"] != q or spec.get("op") not in ("<", "<=", ">", ">="):
+        if spec["q"] != q or spec.get("op") not in ("<", "<=", ">", ">=") or (profile and spec.get("profiles") and profile not in spec["profiles"]):
             continue
         if spec["kind"] == "shape" and schema.as_float(spec.get("bound")) is not None:
-            return spec["op"], schema.as_float(spec["bound"])
-        if spec["kind"] == "digits" and spec.get("form") == "bound" and schema.as_float(claim.get("book", {}).get(q)) is not None:
-            return spec["op"], schema.as_float(claim["book"][q])
-    return None
+            out.append((spec["op"], schema.as_float(spec["bound"])))
+        elif spec["kind"] == "digits" and spec.get("form") == "bound" and schema.as_float(claim.get("book", {}).get(q)) is not None:
+            out.append((spec["op"], schema.as_float(claim["book"][q])))
+    return tuple(out)
 
 
-def _direction(op: str, before: float, after: float) -> tuple[bool, str]:
-    """Whether a move from ``before`` to ``after`` goes toward a bound checked with ``op``, and the words for it."""
-    toward = after < before if op in (">", ">=") else after > before
-    return toward, "toward" if toward else "away from"
+def shape_bound(q: str, claim: ClaimEntry) -> tuple[str, float] | None:
+    """(op, bound) of the first numeric shape check of ``q`` (or of its printed-bound digits check), if it has one."""
+    return next(iter(shape_bounds(q, claim)), None)
 
 
-def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape: tuple[str, float], band: float, asserted: bool,
+def _direction(bounds: tuple[tuple[str, float], ...], before: float, after: float) -> tuple[bool, str]:
+    """Whether a move from ``before`` to ``after`` goes toward one of ``bounds`` (a rise toward an upper bound ``<``,
+    ``<=``; a drop toward a lower one ``>``, ``>=``), and the words for it, naming that bound (or, moving away, the first)."""
+    upward = after > before
+    toward = [(op, bound) for op, bound in bounds if upward == (op in ("<", "<="))]
+    op, bound = (toward or bounds)[0]
+    return bool(toward), f"{'toward' if toward else 'away from'} the bound {op} {fmt(bound)}"
+
+
+def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape: tuple[tuple[str, float], ...], band: float, asserted: bool,
                   se: tuple[Any, Any] = (None, None)) -> Change | None:
     """A shape-checked value regresses when it moves toward its bound by more than ``band`` (relative)
     on a check that was asserted; a move away from the bound, or on a check that was only reported
@@ -170,12 +181,11 @@ def _shape_change(cid: str, profile: str, q: str, before: Any, after: Any, shape
         if not abs(b - a) > NOISE_SIGMAS * combined:  # within the noise (an infinite error decides nothing)
             return None
         noise = f" and {NOISE_SIGMAS:g} combined standard errors ({fmt(combined)})"
-    op, bound = shape
-    toward, side = _direction(op, a, b)
-    holds = registry.OPS[op](b, bound)
+    toward, side = _direction(shape, a, b)
+    holds = all(registry.OPS[op](b, bound) for op, bound in shape)
     if noise and toward and asserted and holds:  # beyond each run's noise of rounds, which says nothing of the spread between processes
-        return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", False, BETWEEN_PROCESSES_REASON)
-    return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side} the bound {op} {fmt(bound)}", toward and asserted)
+        return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side}", False, BETWEEN_PROCESSES_REASON)
+    return Change(cid, profile, q, before, after, f"±{band:.0%} relative{noise}, {side}", toward and asserted)
 
 
 #: Why a clocked value that moved toward its bound beyond both runs' standard errors is still no regression (its verdict,
@@ -188,7 +198,7 @@ BETWEEN_PROCESSES_REASON = ("beyond each run's noise of rounds, not beyond the s
                             "before calling it the library's")
 
 
-def process_change(cid: str, profile: str, q: str, xs: list[float], ys: list[float], shape: tuple[str, float], band: float,
+def process_change(cid: str, profile: str, q: str, xs: list[float], ys: list[float], shape: tuple[tuple[str, float], ...], band: float,
                    asserted: bool) -> Change | None:
     """A clocked value measured by several processes per side (``xs`` before, ``ys`` after, the records' first):
     moved where the means differ by more than ``band`` (relative) and Welch's t-test rejects equal means at
@@ -203,10 +213,9 @@ def process_change(cid: str, profile: str, q: str, xs: list[float], ys: list[flo
     p = welch_p([x / scale for x in xs], [y / scale for y in ys])
     if not p < PROCESS_LEVEL:
         return None
-    op, bound = shape
-    toward, side = _direction(op, a, b)
+    toward, side = _direction(shape, a, b)
     return Change(cid, profile, q, a, b, f"±{band:.0%} relative and Welch's t-test at level {PROCESS_LEVEL:.2%} (p = {p:.2g}), "
-                  f"{side} the bound {op} {fmt(bound)}", toward and asserted,
+                  f"{side}", toward and asserted,
                   f"means of {len(xs)} and {len(ys)} processes: {', '.join(fmt(x) for x in xs)} -> {', '.join(fmt(y) for y in ys)}")
 
 
@@ -271,14 +280,14 @@ def compare(before: RunRecord, after: RunRecord, band: float = BAND,
                     continue
                 done.add(q)
                 form, width = _tolerance(q, b_claim, band)
-                shape = shape_bound(q, b_claim) if form == "rel" else None
+                shape = shape_bounds(q, b_claim, key[0]) if form == "rel" else ()
                 # A clocked value (its standard error in both records): the processes that measured it, on each side.
                 xs, ys = ([], [])
-                if shape is not None and a_se.get(q) is not None and chk.get("se") is not None:
+                if shape and a_se.get(q) is not None and chk.get("se") is not None:
                     xs, ys = ([finite(m)] + rerun_values(side, cid, key, q) for m, side in ((a_measured[q], reruns[0]), (chk["measured"], reruns[1])))
                 if len(xs) >= 2 and len(ys) >= 2 and None not in (xs[0], ys[0]):
                     change = process_change(cid, key[0], q, xs, ys, shape, band, chk.get("asserted", True))
-                elif shape is not None:
+                elif shape:
                     change = _shape_change(cid, key[0], q, a_measured[q], chk["measured"], shape, band, chk.get("asserted", True),
                                            (a_se.get(q), chk.get("se")))
                 elif _moved(a_measured[q], chk["measured"], form, width):

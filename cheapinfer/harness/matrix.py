@@ -38,7 +38,7 @@ from .. import CHECKOUT
 from . import families as kernel_families
 from . import registry
 from .schema import ClaimEntry, ResultEntry, read_record
-from .compare import shape_bound
+from .compare import shape_bounds
 from .record import is_harness_error
 from ..runtime.cli import Terminated, child_environment, on_stop, restore, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
@@ -112,12 +112,11 @@ def deciding(result: ResultEntry, claim: ClaimEntry) -> dict[str, Any] | None:
     elif verdict == registry.ERRATUM:
         pick = [c for c in checks if c.get("documented")]
     else:
-        def margin(c: dict[str, Any]) -> float:
-            shape, m = shape_bound(c["q"], claim), _num(c.get("measured"))
-            if shape is None or m is None:
+        def margin(c: dict[str, Any]) -> float:  # to the nearer side of a range
+            bounds, m = shape_bounds(c["q"], claim, result["profile"]), _num(c.get("measured"))
+            if not bounds or m is None:
                 return float("inf")
-            bound = shape[1]
-            return abs(m - bound) / abs(bound) if bound else abs(m - bound)
+            return min(abs(m - bound) / abs(bound) if bound else abs(m - bound) for _, bound in bounds)
 
         pick = sorted(checks, key=margin)
     c = (pick or checks)[0]

@@ -32,12 +32,14 @@ def counts() -> dict[str, int]:
 
 def texts() -> dict[str, str]:
     """Rules the pages quote, in the words the report prints them (never retyped on a page)."""
+    from cheapinfer.faults.records import RECORD_FAULTS
     from cheapinfer.faults.text import TEXT_FAULTS
     from cheapinfer.harness import grades, locate
 
     entries = locate.entries()
     return {
         "text_faults": "\n".join(f"- *{f.check}*, `{name}`: {f.what}." for name, f in TEXT_FAULTS.items()),
+        "record_faults": "\n".join(f"- *{f.check}*, `{name}`: {f.what}." for name, f in RECORD_FAULTS.items()),
         "grade_rule": "\n".join(f"{i}. *{grade}* ({basis}): {words}."
                                 for i, (basis, grade, words) in enumerate(grades.GRADE_RULE, 1)),
         "round_word_rule": grades.ROUND_WORD_RULE,
