@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from . import CHECKOUT
-from .runtime.cli import Parser, child_environment, env_flag, nonempty, timing_threads
+from .runtime.settings import Parser, child_environment, env_flag, nonempty, timing_threads
 
 ROOT = CHECKOUT
 #: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).

@@ -14,7 +14,7 @@ import pytest
 
 from cheapinfer import __main__ as cli_main
 from cheapinfer.harness import compare as cmp, merge, registry, report, schema
-from cheapinfer.runtime import artifacts, cli, files
+from cheapinfer.runtime import artifacts, files, settings as cli
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 

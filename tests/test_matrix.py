@@ -18,7 +18,7 @@ import pytest
 
 from cheapinfer.harness import matrix, registry, report, schema, families as kernel_families, stress
 from cheapinfer.harness.record import Recorder
-from cheapinfer.runtime.cli import Terminated
+from cheapinfer.runtime.settings import Terminated
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from ..runtime.cli import Parser
+from ..runtime.settings import Parser
 
 GIB = 2**30
 RESERVE_GIB = 1.5

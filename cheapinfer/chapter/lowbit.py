@@ -44,7 +44,7 @@ import torch.nn as nn
 
 from .. import SEED
 from . import quant
-from ..runtime.cli import TIMING_THREADS_VARIABLE
+from ..runtime.settings import TIMING_THREADS_VARIABLE
 from ..runtime.roofline import streamed_bytes, tensor_bytes
 
 INT4_GROUP = 128

@@ -27,7 +27,7 @@ from .. import CHECKOUT, __version__
 from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_fault_record, read_record
-from ..runtime.cli import Terminated, bounded_count, finite_number, on_stop, path_arg, restore, terminate
+from ..runtime.settings import Terminated, bounded_count, finite_number, on_stop, path_arg, restore, terminate
 from ..runtime.files import kind_of
 from .child import clear_halt, halt, pytest_run
 from .core import FAULTS, Fault
@@ -267,7 +267,7 @@ def faults_cli(argv: list[str]) -> int:
     import signal
     import sys
 
-    from ..runtime.cli import Parser
+    from ..runtime.settings import Parser
 
     p = Parser(
         prog="cheapinfer faults",

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from ..runtime.cli import Parser, finite_number, path_arg, printable
+from ..runtime.settings import Parser, finite_number, path_arg, printable
 from .record import is_harness_error
 from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT

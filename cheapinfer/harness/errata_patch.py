@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..runtime.cli import Parser, nonempty
+from ..runtime.settings import Parser, nonempty
 from . import locate
 
 #: The largest chapter file read (the chapter is about 100 KB): a bigger file is refused, not read.

@@ -40,7 +40,7 @@ from . import registry
 from .schema import ClaimEntry, ResultEntry, read_record
 from .compare import shape_bounds
 from .record import is_harness_error
-from ..runtime.cli import Terminated, child_environment, on_stop, restore, terminate  # SIGTERM as an exception, as the fault runner takes it
+from ..runtime.settings import Terminated, child_environment, on_stop, restore, terminate  # SIGTERM as an exception, as the fault runner takes it
 from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
 from .report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
 from .tables import machine_label, markdown_table

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..runtime.cli import Parser, path_arg, printable
+from ..runtime.settings import Parser, path_arg, printable
 from ..runtime.files import loads_strict, read_bounded, why_not_a_directory
 from .registry import DEVIATES, NOT_RUN, VERDICTS
 from .report import KEY_ENVIRONMENT

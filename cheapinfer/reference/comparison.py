@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..chapter import workload as batch_workload
-from ..runtime.cli import Parser
+from ..runtime.settings import Parser
 from ..runtime.device import installed_version
 from . import engine
 

@@ -33,7 +33,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import platformdirs
 
-from .cli import env_flag
+from .settings import env_flag
 
 #: Set to a true value (1, true, yes, on), the suite downloads nothing.
 OFFLINE_VARIABLE = "CHEAPINFER_OFFLINE"

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import CHECKOUT
-from .cli import Parser, child_environment, nonempty
+from .settings import Parser, child_environment, nonempty
 
 RECORD_NAME = "gpu-check.json"
 #: Every download refused: the suite's artifacts and Hugging Face's.

@@ -31,7 +31,7 @@ import torch
 
 from .. import SEED
 from .accel import elapsed, sync
-from .cli import timing_threads
+from .settings import timing_threads
 
 
 #: torch intra-op threads while timing on a CPU. One thread: on a CPU shared with other work a
@@ -40,7 +40,7 @@ from .cli import timing_threads
 #: context 1,024 came out 2x slower than at 16 while the machine was busy). One thread gives
 #: ratios that survive a busy machine. ``CHEAPINFER_TIMING_THREADS=0`` leaves torch's default.
 #: A value that is not an integer >= 0 leaves the default here (an import must not fail): the commands
-#: that time and the pytest plugin refuse it first, with one line (``cli.timing_threads``).
+#: that time and the pytest plugin refuse it first, with one line (``settings.timing_threads``).
 try:
     TIMING_THREADS = timing_threads()
 except ValueError:
