@@ -88,3 +88,23 @@ def test_the_implied_draft_cost_stated_is_the_formulas():
 def test_the_fp16_score_bytes_stated():
     n = registry.get("KV-SCORES-BYTES").book["n"]
     assert f"{n * n * 2:,} B" in TEXT and f"{n * n * 2 / 1e6:.2f} MB" in TEXT
+
+
+def test_the_kept_tokens_band_separates_the_printed_gamma_from_its_neighbours():
+    """SPEC-SLOWDOWN's kept_tokens_exact: the formula at the printed 30 % and gamma = vijf - 1, to the digits the registry
+    gives it; its tolerance half the gap to the nearest other draft length, so no other gamma lies inside it."""
+    from cheapinfer.chapter import speculative
+
+    claim = registry.get("SPEC-SLOWDOWN")
+    b = claim.book
+    gamma = b["passes"] - 1
+    check = next(c for c in claim.checks if c.q == "kept_tokens_exact")
+    assert b["gamma"] == gamma
+    assert abs(b["kept_tokens_exact"] - speculative.expected_tokens(b["alpha"], gamma)) <= whys.precision(str(b["kept_tokens_exact"]))
+    nearest = min(abs(speculative.expected_tokens(b["alpha"], g) - speculative.expected_tokens(b["alpha"], gamma)) for g in range(1, 64) if g != gamma)
+    assert check.tol == pytest.approx(nearest / 2)
+    exact = speculative.expected_tokens(b["alpha"], gamma)
+    for g in range(1, 64):
+        inside = abs(speculative.expected_tokens(b["alpha"], g) - b["kept_tokens_exact"]) <= check.tol
+        assert inside == (g == gamma), g
+    assert abs(exact - b["kept_tokens_exact"]) + whys.precision(str(b["kept_tokens_exact"])) < check.tol
