@@ -181,11 +181,8 @@ def test_low_acceptance_makes_generation_slower(claim):
         passes=full[0] if len(full) == 1 else full,
         loop_count_is_traced=count["loop"] == count["traced"] and count["trailing_drafts"] == 0,
         loop_passes={"target": count["loop"][0], "draft": count["loop"][1], "full_passes": len(count["full"]), "alpha": round(count["alpha"], 3)},
-        kept_tokens=spec.expected_tokens(alpha, gamma),
-        kept_tokens_minus_rule=abs(spec.expected_tokens(alpha, gamma) - spec.rule_expected_tokens(alpha, gamma)),
-        speedup=spec.speedup(alpha, gamma, c),
+        **spec.slowdown(alpha, gamma, c),
         kept_tokens_simulated=float(simulated.mean()),
-        cost_in_target_passes=gamma * c + 1,
     )
 
 

@@ -324,6 +324,28 @@ def test_a_noisy_check_decides_only_beyond_three_standard_errors(speedup, se, ex
         assert "standard errors" in message and "quieter machine" in message
 
 
+_LIMIT = _NOISY.replace('why = "w"},', 'why = "w"}, {q = "gain", kind = "shape", op = "<=", bound = 2.0, noise = "rounds", limit = true, why = "w"},', 1)
+
+
+@pytest.mark.parametrize(("gain", "se", "expected"), [
+    (1.5, 0.1, SHAPE_HOLDS),             # below the limit, decided
+    (1.95, 0.1, SHAPE_HOLDS),            # at the limit within the noise: a right measurement may sit there, never inconclusive
+    (2.2, 0.1, SHAPE_HOLDS),             # above it by 2 standard errors: no evidence beyond the limit
+    (2.4, 0.1, DEVIATES),                # above it by 4 standard errors: beyond what any right measurement gives
+    (2.4, float("inf"), SHAPE_HOLDS),    # a noise that could not be estimated shows nothing beyond the limit
+    (2.4, None, DEVIATES),               # no standard error handed: decides as an ordinary check
+])
+def test_a_limit_passes_within_its_noise_and_fails_only_beyond_it(gain, se, expected):
+    claim = registry.parse(_LIMIT)["N"]
+    measured = {"speedup": 4.0, "speedup_se": 0.1, "found": True, "rows": 1, "gain": gain, **({"gain_se": se} if se is not None else {})}
+    assert verdicts.judge(claim, measured, "twin").verdict == expected
+
+
+def test_a_limit_without_noise_is_rejected():
+    with pytest.raises(registry.RegistryError, match="noisy check 'gain'"):
+        registry.parse(_NOISY.replace('why = "w"},', 'why = "w"}, {q = "gain", kind = "shape", op = "<=", bound = 2.0, limit = true, why = "w"},', 1))
+
+
 @pytest.mark.parametrize(("found", "expected"), [(True, SHAPE_HOLDS), (False, registry.INCONCLUSIVE), (None, DEVIATES)])
 def test_a_searched_existence_not_found_is_inconclusive_and_a_missing_one_fails(found, expected):
     claim = registry.parse(_NOISY)["N"]

@@ -88,3 +88,82 @@ def test_the_implied_draft_cost_stated_is_the_formulas():
 def test_the_fp16_score_bytes_stated():
     n = registry.get("KV-SCORES-BYTES").book["n"]
     assert f"{n * n * 2:,} B" in TEXT and f"{n * n * 2 / 1e6:.2f} MB" in TEXT
+
+
+def test_the_kept_tokens_band_separates_the_printed_gamma_from_its_neighbours():
+    """SPEC-SLOWDOWN's kept_tokens_exact: the formula at the printed 30 % and gamma = vijf - 1, to the digits the registry
+    gives it; its tolerance half the gap to the nearest other draft length, so no other gamma lies inside it."""
+    from cheapinfer.chapter import speculative
+
+    claim = registry.get("SPEC-SLOWDOWN")
+    b = claim.book
+    gamma = b["passes"] - 1
+    check = next(c for c in claim.checks if c.q == "kept_tokens_exact")
+    assert b["gamma"] == gamma
+    assert abs(b["kept_tokens_exact"] - speculative.expected_tokens(b["alpha"], gamma)) <= whys.precision(str(b["kept_tokens_exact"]))
+    nearest = min(abs(speculative.expected_tokens(b["alpha"], g) - speculative.expected_tokens(b["alpha"], gamma)) for g in range(1, 64) if g != gamma)
+    assert check.tol == pytest.approx(nearest / 2)
+    exact = speculative.expected_tokens(b["alpha"], gamma)
+    for g in range(1, 64):
+        inside = abs(speculative.expected_tokens(b["alpha"], g) - b["kept_tokens_exact"]) <= check.tol
+        assert inside == (g == gamma), g
+    assert abs(exact - b["kept_tokens_exact"]) + whys.precision(str(b["kept_tokens_exact"])) < check.tol
+
+
+def _bound(claim_id: str, q: str, op: str):
+    return next(c.bound for c in registry.get(claim_id).checks if c.q == q and c.op == op)
+
+
+def test_the_int8_rounding_floor_is_its_derivation_and_holds_on_real_rounding():
+    """Q-ERROR-TABLE's int8_row_worst > 1 / (127 sqrt 12): the bound is the derivation (rounded down to its digits), a
+    per-row INT8 quantizer stays above it on seeded weights of every spread, and the floor's one exception, a row whose
+    every weight is its largest, sits on the grid (the why's 'reached only by')."""
+    import math
+
+    from cheapinfer.chapter import quant_error
+
+    floor = 1 / (127 * math.sqrt(12))
+    bound = _bound("Q-ERROR-TABLE", "int8_row_worst", ">")
+    assert floor - whys.precision(f"{bound}") * 2 <= bound <= floor
+    g = torch.Generator().manual_seed(0)
+    for w in (torch.randn(64, 896, generator=g), torch.randn(64, 896, generator=g) ** 3, torch.rand(64, 896, generator=g) - 0.5):
+        assert quant_error.relative_error(w, "int8-row") > floor
+    assert quant_error.relative_error(torch.ones(4, 128).mul_(torch.tensor([[1.0], [-2.0], [0.5], [3.0]])), "int8-row") < floor / 10  # the fp16 scale's rounding alone
+
+
+def test_the_byte_floors_are_the_codes_and_the_least_scale():
+    """Q-BYTES-SPEED's floors: 8-bit codes over 16-bit weights; 4-bit codes plus the least scale of the suite's 4-bit
+    layouts (a 16-bit scale per group of 128; an 8-bit absmax per NF4 block of 64) over 16 bits."""
+    from cheapinfer.chapter import quant
+
+    assert _bound("Q-BYTES-SPEED", "bytes_ratio_8bit", ">=") == 8 / 16
+    g128 = 4 + torch.finfo(quant.SCALE_DTYPE).bits / 128
+    nf4_double = 4 + 8 / quant.NF4_BLOCK
+    assert _bound("Q-BYTES-SPEED", "bytes_ratio_4bit", ">=") == min(g128, nf4_double) / 16
+    assert _bound("Q-BYTES-SPEED", "bytes_ratio_4bit", ">=") < _bound("Q-BYTES-SPEED", "bytes_ratio_4bit", "<=")
+
+
+def test_a_doubling_cannot_more_than_double_the_throughput():
+    """BAT-KNEE's gain_before_knee <= 2: the cost model's 2 (w + b c) / (w + 2 b c) over any w, b, c >= 0 stays at or
+    below 2 and reaches it only at c = 0."""
+    gains = [2 * (w + b * c) / (w + 2 * b * c) for w in (0.01, 1.0, 100.0) for b in (1, 16, 256) for c in (0.0, 1e-3, 1.0, 1e3)]
+    assert max(gains) == 2.0 == _bound("BAT-KNEE", "gain_before_knee", "<=")
+    check = next(c for c in registry.get("BAT-KNEE").checks if c.q == "gain_before_knee" and c.op == "<=")
+    assert check.limit and check.noise == "rounds"
+
+
+def test_at_least_one_level_and_a_group_scheme_short_of_exact():
+    """Q-TWO-THREE-LEVELS' and OUT-ONE-LEVEL's floor of 1 level (a non-empty set of weights takes a code), and
+    Q-ROW-3.4's gap_recovered < 1 (group-128's error is above 0 on weights with more than 16 values a group)."""
+    from cheapinfer.chapter import outliers, quant_error
+
+    assert _bound("Q-TWO-THREE-LEVELS", "levels_worst", ">=") == 1 == _bound("OUT-ONE-LEVEL", "median_dim_levels", ">=")
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(32, 256, generator=g)
+    w[0, 0] = 1e4  # a collapse: every ordinary weight rounds to 0, one level
+    assert quant_error.central_levels(w) == 1
+    h = torch.randn(84, 64, generator=g)
+    h[:, 0] *= 1e4
+    assert min(outliers.int8_report(h).dim_levels) >= 1
+    tensor, g128 = (quant_error.relative_error(w, s) for s in ("int4-tensor", "int4-g128"))
+    assert 0 < 1 - g128 / tensor < _bound("Q-ROW-3.4", "gap_recovered", "<") == 1.0

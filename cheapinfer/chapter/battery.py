@@ -147,6 +147,12 @@ def binomial_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[f
     return float(ci.low), float(ci.high)
 
 
+def intervals_overlap(k: int, j: int, n: int, confidence: float = CONFIDENCE) -> bool:
+    """Whether the exact intervals of two scores k/n and j/n overlap (the interval cannot tell them apart)."""
+    (lo_k, hi_k), (lo_j, hi_j) = binomial_interval(k, n, confidence), binomial_interval(j, n, confidence)
+    return lo_k <= hi_j and lo_j <= hi_k
+
+
 @dataclass
 class PairedChange:
     """Two schemes on the same questions: answers lost and gained by the second, and McNemar's exact p."""

@@ -197,6 +197,14 @@ def rule_expected_tokens(alpha: float, gamma: int) -> float:
     return total
 
 
+def slowdown(alpha: float, gamma: int, c: float) -> dict[str, float]:
+    """SPEC-SLOWDOWN's numbers at draft length ``gamma``: tokens kept per pass (the closed form, and its distance from
+    the loop's rule) and the net speedup at a draft costing ``c`` target passes per token."""
+    kept = expected_tokens(alpha, gamma)
+    return {"kept_tokens": kept, "kept_tokens_exact": kept, "kept_tokens_minus_rule": abs(kept - rule_expected_tokens(alpha, gamma)),
+            "speedup": speedup(alpha, gamma, c), "cost_in_target_passes": gamma * c + 1}
+
+
 def acceptance_rate(runs: Sequence[Run]) -> float:
     """Accepted over judged proposals, pooled over runs (a proposal after a rejection is never judged)."""
     judged = sum(r.evaluated for r in runs)

@@ -113,6 +113,7 @@ class Recorder:
                     **({"noise": o.check.noise, "se": o.se, "bound": o.target, "sigmas": registry.NOISE_SIGMAS} if o.check.noise else {}),
                     **({"searched": True} if o.check.searched else {}),
                     **({"measurable": True} if o.check.measurable else {}),
+                    **({"limit": True} if o.check.limit else {}),
                 }
                 for o in judged.outcomes
             ],

@@ -34,6 +34,7 @@ prints. Each claim holds:
     judge, and the check is reported, not asserted. A check that tests the claim only where its premise
     holds names the ``measurable`` check of that premise the same way (several, comma-separated, where it
     needs each: every timing check of a clocked claim names ``device_bound``, :mod:`cheapinfer.runtime.premise`).
+  - ``limit = true`` on a noisy check: its bound is a physical limit. Within the noise it passes, beyond it fails.
   - ``measurable = true`` on a boolean ``== true`` check: this device could measure what the claim is
     about (its premise held in a probe independent of the measured system: a CPU kernel that is itself
     faster on more rows cannot show whether batching does). False decides nothing: the device, not the
@@ -133,6 +134,7 @@ class Check:
     searched: bool = False  # shape, bool == true: existence searched over an affordable range; not found decides nothing
     when_found: str = ""  # the searched (or measurable) checks (comma-separated) whose find (or premise) this check needs: asserted only where each holds
     measurable: bool = False  # shape, bool == true: the device could measure the claim; False decides nothing (<q>_why says why)
+    limit: bool = False  # noisy shape: the bound is a physical limit; within the noise it passes, beyond it fails
     profiles: tuple[str, ...] = ()  # judged only on these of the claim's profiles (none: on every one)
 
     def judged_on(self, profile: str) -> bool:
@@ -277,7 +279,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
     elif kind == "shape":
         if raw.get("op") not in OPS or "bound" not in raw:
             raise RegistryError(f"{claim_id}: shape check {raw.get('q')!r} needs op in {tuple(OPS)} and a bound")
-        if "noise" in raw and (raw["noise"] not in NOISE_KINDS or raw["op"] == "==" or not is_number(raw["bound"])):
+        if ("noise" in raw or raw.get("limit")) and (raw.get("noise") not in NOISE_KINDS or raw["op"] == "==" or not is_number(raw["bound"])):
             raise RegistryError(f"{claim_id}: noisy check {raw.get('q')!r} needs noise in {NOISE_KINDS}, a numeric bound and op < <= > >=")
         if raw.get("searched") and (raw["op"] != "==" or raw["bound"] is not True):
             raise RegistryError(f"{claim_id}: searched check {raw.get('q')!r} must be '== true' (found in the range searched)")
@@ -285,8 +287,8 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
             raise RegistryError(f"{claim_id}: measurable check {raw.get('q')!r} must be '== true' (this device could measure it), and not searched")
     else:
         raise RegistryError(f"{claim_id}: unknown check kind {kind!r}")
-    if kind == "digits" and ("noise" in raw or "searched" in raw or "when_found" in raw or "measurable" in raw):
-        raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise, searched, when_found and measurable belong to shape checks")
+    if kind == "digits" and ("noise" in raw or "searched" in raw or "when_found" in raw or "measurable" in raw or "limit" in raw):
+        raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise, searched, when_found, measurable and limit belong to shape checks")
     return Check(
         q=raw["q"],
         kind=kind,
@@ -299,7 +301,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         noise=raw.get("noise", ""),
         searched=bool(raw.get("searched", False)),
         when_found=str(raw.get("when_found", "")),
-        measurable=bool(raw.get("measurable", False)),
+        measurable=bool(raw.get("measurable", False)), limit=bool(raw.get("limit", False)),
         profiles=tuple(raw.get("profiles", ())),
     )
 

@@ -140,6 +140,8 @@ def _decided(check: registry.Check, value: Any, target: Any, passed: bool, se: f
     """Whether an outcome decides: a noisy check whose margin is within :data:`NOISE_SIGMAS` standard errors does
     not, nor a searched existence that was not found. A noisy check without its standard error, or without a
     finite value, decides (it fails: a measurement that did not say how noisy it is cannot be inconclusive)."""
+    if check.limit:
+        return True  # a physical limit: within the noise it passed (judge), beyond it it failed; either decides
     if check.searched or check.measurable:
         return passed or value is not False  # not found (False) in the range searched, or not measurable here, decides nothing; a missing value fails
     if check.noise and se is not None and registry.is_number(value) and math.isfinite(value):
@@ -181,6 +183,8 @@ def judge(claim: registry.Claim, measured: Mapping[str, Any], profile: str, devi
         documented = asserted and check.kind == "digits" and check.q in documents
         passed = _passes(check, value, target)
         se = _se(check, measured)
+        if check.limit and not passed and se is not None and registry.is_number(value) and math.isfinite(value):
+            passed = abs(value - target) < registry.NOISE_SIGMAS * se  # at a physical limit within the noise: no evidence beyond it
         outcomes.append(Outcome(check, value, target, passed, asserted, documented, _decided(check, value, target, passed, se), se))
     if not any(o.asserted for o in outcomes):
         raise registry.RegistryError(f"{claim.id}: no check of this claim is asserted on profile {profile!r} ({device})")

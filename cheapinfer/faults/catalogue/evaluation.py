@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...chapter import evaluation, quant, battery, perplexity
-from ..core import DISABLED, RULE, STATISTIC, fault, patched
+from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 
 
 # ------------------------------------------------------------------------------------------------
@@ -132,19 +132,19 @@ def _eval_mcnemar_counts_ties():
 
 
 @fault(
-    "eval-interval-wrong-level",
+    "eval-nf4-codebook-read-from-the-top",
     section="EVAL",
-    kind=STATISTIC,
-    targets=("EVAL-NOISE",),
-    what="the binomial interval is given the significance level (0.05) where it expects the confidence level (0.95)",
+    kind=CONSTANT,
+    targets=("EVAL-NOISE", "EVAL-GRANULARITY"),
+    what="the NF4 codes index the codebook from its top level (15 - i for i), as a table stored in descending order would be read: every NF4 weight comes back near its own negative, and NF4's answers in the battery with it",
 )
-def _eval_interval_wrong_level():
-    real = battery.binomial_interval
+def _eval_nf4_codebook_from_the_top():
+    real = quant.code_values
 
-    def wrong_level(k, n, confidence=battery.CONFIDENCE):
-        return real(k, n, 1 - confidence)
+    def from_the_top(codes, s):
+        return quant.nf4_codebook(device=codes.device)[7 - codes.long()] if s.kind == "nf4" else real(codes, s)
 
-    with patched(battery, "binomial_interval", wrong_level):
+    with patched(quant, "code_values", from_the_top):
         yield
 
 

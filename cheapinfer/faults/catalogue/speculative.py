@@ -195,6 +195,19 @@ def _spec_expected_off_by_one():
 
 
 @fault(
+    "spec-kept-tokens-at-the-passes-count",
+    section="SPEC",
+    kind=CONSTANT,
+    targets=("SPEC-SLOWDOWN",),
+    what="the slowdown's kept tokens, their check against the loop's rule and its speedup are computed at gamma = the printed passes ('vijf', five) instead of the draft length passes - 1, while the loop runs at four: 1.4275 tokens, which rounds to the printed 1,4 as 1.4251 does",
+)
+def _spec_kept_tokens_at_the_passes_count():
+    real = speculative.slowdown
+    with patched(speculative, "slowdown", lambda alpha, gamma, c: real(alpha, gamma + 1, c)):
+        yield
+
+
+@fault(
     "spec-draft-cost-per-pass",
     section="SPEC",
     kind=RULE,
