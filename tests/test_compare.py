@@ -156,6 +156,19 @@ def test_merge_makes_a_claim_by_machine_matrix(tmp_path, capsys):
     assert "twin: speedup 7.5" in next(line for line in md.splitlines() if line.startswith("| KV-SPEEDUP-48 |"))
 
 
+def test_merge_names_the_release_that_made_each_record(tmp_path, capsys):
+    """Each machine's row of the matrix names the suite's release that wrote its record, as compare does."""
+    older = built() | {"suite": "cheapinfer 0.0.9"}
+    paths = [save(older, tmp_path / "old"), save(built(), tmp_path / "new")]
+    assert merge.merge_cli(list(map(str, paths))) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Example CPU")]
+    laptop = "Example CPU (torch 2.13.0, transformers 5.24.0, bitsandbytes 0.50.2)"
+    tail = "cpu | Example CPU | none | n/a | n/a | 2.13.0 | 5.24.0 | 0.50.2 | 0.19.0 | 2026-01-01T00:00:00Z"
+    assert rows == [f"| {laptop} | cheapinfer 0.0.9 | {tail} | {paths[0]} |",
+                    f"| {laptop} #2 | {built()['suite']} | {tail} | {paths[1]} |"], rows
+    assert [m["suite"] for m in merge.merge([older, built()], ["a", "b"])["machines"]] == ["cheapinfer 0.0.9", built()["suite"]]
+
+
 def test_merge_json(tmp_path):
     paths = [save(built(), tmp_path / "a"), str(RECORD)]
     out = tmp_path / "matrix.json"

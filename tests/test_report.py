@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from cheapinfer.faults.records import RECORD_FAULTS, REPORT
 from cheapinfer.runtime import device as devices
 from cheapinfer.harness import registry, report, errata, schema
 from cheapinfer.harness.record import Recorder
@@ -38,16 +39,52 @@ def fixed_record() -> dict:
     return schema.read_record(RECORD)
 
 
-@pytest.mark.parametrize("render, snapshot", [(report.markdown, SNAPSHOT), (report.evidence_markdown, DATA / "evidence-snapshot.md")],
-                         ids=["errata.md", "evidence.md"])
-def test_errata_markdown_matches_the_checked_in_snapshot(fixed_record, render, snapshot):
-    rendered = render(fixed_record)
+SNAPSHOTS = {"errata.md": (report.markdown, SNAPSHOT), "evidence.md": (report.evidence_markdown, DATA / "evidence-snapshot.md")}
+
+
+def _snapshot_diff(record: dict, name: str) -> str:
+    """How ``name`` rendered from ``record`` differs from its checked-in snapshot ("" where it does not)."""
+    render, snapshot = SNAPSHOTS[name]
+    rendered, expected = render(record), snapshot.read_text(encoding="utf-8")
+    return "".join(difflib.unified_diff(expected.splitlines(True), rendered.splitlines(True), snapshot.name, "rendered", n=1))
+
+
+@pytest.mark.parametrize("name", list(SNAPSHOTS))
+def test_errata_markdown_matches_the_checked_in_snapshot(fixed_record, name):
+    render, snapshot = SNAPSHOTS[name]
     if os.environ.get("UPDATE_SNAPSHOTS") == "1":
-        snapshot.write_text(rendered, encoding="utf-8")
-    expected = snapshot.read_text(encoding="utf-8")
-    if rendered != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), rendered.splitlines(True), snapshot.name, "rendered", n=1))
+        snapshot.write_text(render(fixed_record), encoding="utf-8")
+    diff = _snapshot_diff(fixed_record, name)
+    if diff:
         pytest.fail(f"the report's format changed (regenerate on purpose with UPDATE_SNAPSHOTS=1 and review the diff):\n{diff[:4000]}", pytrace=False)
+
+
+@pytest.mark.parametrize("fault", [n for n, f in RECORD_FAULTS.items() if f.check == REPORT])
+def test_each_report_fault_turns_the_snapshot_red(fixed_record, fault):
+    """The snapshot is not true by construction: under each fault of the report's renderers one of its files differs."""
+    with RECORD_FAULTS[fault].activate():
+        assert any(_snapshot_diff(fixed_record, name) for name in SNAPSHOTS)
+
+
+def test_a_claim_with_two_errata_and_an_inconclusive_claim_read_right(fixed_record):
+    """Both errata of Q-DOWNPROJ-STATS, each with its grade and evidence; BAT-KNEE's search and KV-DECODE-FLAT's margin
+    as undecided, with their numbers, never as failures."""
+    claims = fixed_record["claims"]
+    two = [cid for cid, c in claims.items() if len(c.get("errata", [])) >= 2 and c["verdict"] == registry.ERRATUM]
+    undecided = [cid for cid, c in claims.items() if c["verdict"] == registry.INCONCLUSIVE]
+    assert two == ["Q-DOWNPROJ-STATS"] and sorted(undecided) == ["BAT-KNEE", "KV-DECODE-FLAT"]
+    evidence, md = report.evidence_markdown(fixed_record), report.markdown(fixed_record)
+    for e in claims["Q-DOWNPROJ-STATS"]["errata"]:
+        section = evidence.split(f"### Q-DOWNPROJ-STATS ({e['grade']})\n", 1)[1].split("\n### ", 1)[0]
+        assert e["says"] in section and e["holds"] in section
+        assert [f"- **Evidence** (arithmetic, cpu): `{q}` measured" in section for q in e["fails"]] == [True] * len(e["fails"])
+    assert md.count("[Q-DOWNPROJ-STATS](evidence.md#q-downproj-stats): measured again in this run: confirmed.") == 2
+    inconclusive = md.split("## Inconclusive", 1)[1].split("\n## ", 1)[0]
+    assert "- `step_ratio`: measured 1.21 ± 0.09 (standard error over the rounds); expected `step_ratio < 1.25`: the margin is 0.44" in inconclusive
+    assert "- `knee_found`: not found in the range this device could afford (`knee_searched_up_to` = 64)." in inconclusive
+    rows = {line.split(" | ")[0][2:]: line for line in evidence.splitlines() if line.startswith(("| BAT-KNEE |", "| KV-DECODE-FLAT |"))}
+    assert "knee_found == True **undecided**" in rows["BAT-KNEE"] and "step_ratio < 1.25 **undecided**" in rows["KV-DECODE-FLAT"]
+    assert "**fails**" not in rows["BAT-KNEE"] + rows["KV-DECODE-FLAT"]
 
 
 def test_markdown_is_a_pure_function_of_the_record(fixed_record, monkeypatch):

@@ -1,6 +1,6 @@
 """``python -m cheapinfer merge``: several runs' records (one per machine) as one claims x machines matrix
 (Markdown; ``--json`` for JSON), each machine labelled by its GPU (or CPU) name and the versions of torch,
-transformers and bitsandbytes. ``-o FILE`` overwrites only a matrix ``merge`` wrote earlier (the Markdown
+transformers and bitsandbytes, and listed with the release of the suite that made its record (``suite``). ``-o FILE`` overwrites only a matrix ``merge`` wrote earlier (the Markdown
 matrix begins with :data:`MATRIX_MARK`), never one of the records or any other file, unless ``--force``.
 """
 
@@ -56,7 +56,8 @@ def merge(records: list[RunRecord], sources: list[str]) -> dict[str, Any]:
     """Several run records as one claim x machine matrix (JSON-ready)."""
     labels = _labels(records)
     machines = [
-        {"label": label, "source": src, "created": rec.get("created", ""), "device": rec.get("run", {}).get("device", ""), "environment": rec.get("environment", {})}
+        {"label": label, "source": src, "suite": rec.get("suite", "?"), "created": rec.get("created", ""), "device": rec.get("run", {}).get("device", ""),
+         "environment": rec.get("environment", {})}
         for label, rec, src in zip(labels, records, sources)
     ]
     ids: list[str] = []
@@ -92,8 +93,8 @@ def merge_markdown(records: list[RunRecord], sources: list[str]) -> str:
     labels = [m["label"] for m in matrix["machines"]]
     lines = [MATRIX_MARK, "# Claims x machines", "", "## Machines", ""]
     lines += markdown_table(
-        ["machine", "device", *KEY_ENVIRONMENT, "created", "record"],
-        [[m["label"], m["device"], *(m["environment"].get(k, "?") for k in KEY_ENVIRONMENT), m["created"], m["source"]] for m in matrix["machines"]],
+        ["machine", "suite", "device", *KEY_ENVIRONMENT, "created", "record"],
+        [[m["label"], m["suite"], m["device"], *(m["environment"].get(k, "?") for k in KEY_ENVIRONMENT), m["created"], m["source"]] for m in matrix["machines"]],
     )
     lines += ["", "## Summary", ""]
     lines += markdown_table(["verdict", *labels], [[v, *(matrix["summary"][label].get(v, 0) for label in labels)] for v in VERDICTS])

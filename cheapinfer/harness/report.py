@@ -303,7 +303,7 @@ def _compact_rows(cid: str, claim: ClaimEntry) -> list[list[Any]]:
         for chk in checks:
             seen.setdefault(chk["q"], chk["measured"])
         measured = "; ".join(f"{q} {tables.with_unit(v, claim.get('units', {}).get(q))}" for q, v in seen.items())
-        tolerance = "; ".join(chk["expected"] + ("" if chk["asserted"] else " (reported)" if chk["passed"] else " (reported, misses)") + ("" if chk["passed"] or not chk["asserted"] else " **fails**") for chk in checks)
+        tolerance = "; ".join(chk["expected"] + tables.check_mark(chk) for chk in checks)
         verdict = tables.BADGE[r["verdict"]] + (" (perturbed)" if r.get("perturbed") else "")
         rows.append([cid, _book_cell(claim), measured, tolerance, verdict, where])
     # One claim, several profiles: name the claim and its book values once.

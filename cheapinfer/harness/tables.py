@@ -88,6 +88,16 @@ def noise_words(chk: CheckResult) -> str:
     return registry.NOISE_WORDS.get(chk.get("noise") or "rounds", "standard error")
 
 
+def check_mark(chk: CheckResult) -> str:
+    """What the compact table adds to a check's tolerance: reported only (and whether it misses), a failure, or a check
+    the measurement could not decide (an inconclusive verdict's: never read as a failure)."""
+    if chk.get("decided") is False:
+        return " **undecided**" if chk["asserted"] else " (reported, undecided)"
+    if not chk["asserted"]:
+        return " (reported)" if chk["passed"] else " (reported, misses)"
+    return "" if chk["passed"] else " **fails**"
+
+
 def memory_lines(record: RunRecord) -> list[str]:
     """The run's peak resident memory in one line, the claim that set it and the claims that raised it most
     (``run.memory``, :func:`cheapinfer.harness.record.run_peak`); nothing for a record without it."""

@@ -6,8 +6,9 @@
 The record is made the way a run makes it (``Recorder.verify`` judges hand-written measurements
 against the registry, ``report.build`` assembles the record) but with a fixed environment and run,
 and keeps a handful of claims that together show every verdict, a regenerated table, a figure
-link, a note, a library warning, a perturbed claim, a candidate erratum, a confirmed erratum, an
-inconclusive timing with its noise and load, and fault coverage. The measurements are
+link, a note, a library warning, a perturbed claim, a candidate erratum, a confirmed erratum, a claim with
+two confirmed errata of two grades, an inconclusive timing with its noise and load, a search that ran out of
+range, and fault coverage. The measurements are
 made up for the test (the run says so); nothing here depends on the clock or the machine. Run it
 only on purpose: the record follows the registry's statements and checks of the moment.
 """
@@ -51,8 +52,9 @@ RUN = {
 }
 #: The claims kept in the record, and the test files that (say the record) name them.
 KEPT = ["KV-IDENTITY", "KV-SPEEDUP-48", "KV-SCORES-BYTES", "KV-MACS", "KV-MEMORY-8.3X", "KV-PREFILL-GROWS", "KV-BYTES-FORMULA", "KV-API",
-        "KV-DECODE-FLAT", "KV-DECODE-MEMBOUND", "Q-NF4", "SPEC-GAMMA8", "BUD-13B-8GB"]
-TESTED = {**{cid: ["test_kv_cache.py"] for cid in KEPT[:9]}, "Q-NF4": ["test_quantization.py"], "SPEC-GAMMA8": ["test_speculative.py"]}
+        "KV-DECODE-FLAT", "KV-DECODE-MEMBOUND", "BAT-KNEE", "Q-NF4", "Q-DOWNPROJ-STATS", "SPEC-GAMMA8", "BUD-13B-8GB"]
+TESTED = {**{cid: ["test_kv_cache.py"] for cid in KEPT[:9]}, "BAT-KNEE": ["test_batching.py"], "Q-NF4": ["test_quantization.py"],
+          "Q-DOWNPROJ-STATS": ["test_quantization.py"], "SPEC-GAMMA8": ["test_speculative.py"]}
 
 
 def results() -> list[dict]:
@@ -113,6 +115,16 @@ def results() -> list[dict]:
         test=node + "test_decode_step_is_flat_in_context", seconds=95.0,
         load={"loadavg_before": [3.1, 2.4, 1.2], "loadavg_after": [3.9, 2.8, 1.4], "cpus": 8, "steal_fraction": 0.012},
     )
+    knee = {"knee_found": False, "knee_latency_gain": float("nan"), "knee_latency_gain_se": float("nan"), "gain_before_knee": float("nan"),
+            "gain_before_knee_se": float("nan"), "knee_batch": 0, "knee_rule_on_book_curve": 16, "knee_searched_up_to": 64,
+            "knee_search_complete": True, "knee_skipped_doublings": 0, "throughput_gain_16_32": 1.12, "latency_gain_16_32": 1.79,
+            "cache_grows_by_fed": True, "history_tokens": [64, 64], "logit_change_vs_no_context": 1.39, **timed_one}
+    rec.verify("BAT-KNEE", "twin", "cuda", knee, test="claims/test_batching.py::test_batch_curve_has_a_knee", seconds=41.0)
+    # the book's arithmetic against itself (as claims/test_quantization.py does it): two errata of one claim, of two grades
+    tail = {"max_over_std": 24.119099890230515, "beyond_percent": 0.01587831884398496, "one_in": 6297.8959537572255}
+    rec.verify("Q-DOWNPROJ-STATS", "arithmetic", "cpu", {"numel": 4_358_144, "numel_millions": 4.358144, **tail, "sigmas_largest": tail["max_over_std"],
+                                                         "sigmas_largest_beyond_six": tail["max_over_std"]},
+               test="claims/test_quantization.py::test_one_down_proj_has_a_24_sigma_weight[arithmetic]", seconds=0.0)
     rec.verify(
         "SPEC-GAMMA8", "arithmetic", "cpu", {"speedup_a09": 2.356, "speedup_a03": 0.549, "implied_c_a09": 0.1002},
         test="claims/test_speculative.py::test_gamma8", seconds=0.0,
