@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...chapter import evaluation, quant, battery, perplexity
-from ..core import DISABLED, RULE, STATISTIC, fault, patched
+from ..base import DISABLED, RULE, STATISTIC, fault, patched
 
 
 # ------------------------------------------------------------------------------------------------
