@@ -50,11 +50,11 @@ def _verify(argv: list[str]) -> int:
     p.add_argument("--report-dir", metavar="DIR", type=lambda text: Path(nonempty(text)), default=ROOT / "reports",
                    help="where run.json and errata.md are written (default: reports/ of the checkout)")
     p.add_argument("--claims", metavar="ID,ID", type=nonempty, help="run only the tests of these claims")
-    checks = p.add_argument_group("the suite's checks of its own verdicts (cheapinfer.harness.matrix)")
+    checks = p.add_argument_group("the suite's checks of its own verdicts (cheapinfer.audits.matrix)")
     checks.add_argument("--isa-matrix", action="store_true",
                         help="run the kernel-dependent claims under each CPU kernel family, one pytest run each (reports/isa/); exit 1 when a claim "
                              "is green in one family and deviates in another")
-    from .harness.families import FAMILIES
+    from .audits.families import FAMILIES
 
     checks.add_argument("--families", metavar="NAME,NAME", type=nonempty,
                         help=f"with --isa-matrix: these kernel families only (default: all of {', '.join(FAMILIES)})")
@@ -143,8 +143,9 @@ def _warn_memory(report_dir: Path, device: str) -> None:
 
 
 def _check_verdicts(p: Parser, args, report_dir: Path, command) -> int:
-    """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.harness.matrix`."""
-    from .harness import families as kernel_families, matrix, report, stress
+    """``verify --isa-matrix`` and ``verify --stress N``: the usage checks, then :mod:`cheapinfer.audits.matrix`."""
+    from .audits import families as kernel_families, matrix, stress
+    from .harness import report
     from .harness.schema import RecordError, read_record
 
     if args.isa_matrix:
@@ -253,10 +254,10 @@ _DELEGATED = {
     "budget": "cheapinfer.chapter.budget",
     "compare": "cheapinfer.harness.compare",
     "merge": "cheapinfer.harness.merge",
-    "faults": "cheapinfer.faults.runner",
+    "faults": "cheapinfer.audits.faults",
     "engine": "cheapinfer.reference.comparison",
     "errata": "cheapinfer.harness.errata_patch",
-    "gpu-check": "cheapinfer.runtime.gpu_check",
+    "gpu-check": "cheapinfer.audits.gpu_check",
 }
 #: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
 _TIMED = ("verify", "faults", "engine", "gpu-check")

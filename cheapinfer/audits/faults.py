@@ -29,8 +29,8 @@ from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_er
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
 from ..runtime.settings import Terminated, bounded_count, finite_number, on_stop, path_arg, restore, terminate
 from ..runtime.files import kind_of
-from .child import clear_halt, halt, pytest_run
-from .core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
+from .forks import clear_halt, halt, pytest_run
+from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
 
 #: ``--runs``: a run of every fault takes minutes; a thousand is weeks, and the record holds every run's verdicts.
 MAX_RUNS = 1000
