@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import __main__ as cli_main
+from cheapinfer import cli as cli_main
 from cheapinfer.harness import compare as cmp, merge, registry, report, schema
 from cheapinfer.runtime import artifacts, files, settings as cli
 
