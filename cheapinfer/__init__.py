@@ -1,13 +1,15 @@
 """Executable claims of the chapter "Making inference cheap: KV cache, batching and quantization".
 
-The package has five wings; imports go down or sideways, never up (``tests/test_layout.py``):
+The package has six wings; imports go down or sideways, never up (``tests/test_layout.py``):
 
 - ``chapter/``: the book, one module per section and what it measures (``kv``, ``batching``,
   ``quant``, ``evaluation``, ``speculative``, ...). Imports ``runtime/`` only.
 - ``runtime/``: what the sections stand on: devices, clocks, models and profiles, pinned artifacts,
   and ``hf``, the one place that speaks to transformers. Imports nothing else of the package.
-- ``harness/``: claim -> verdict -> record -> report, ``compare`` and the ISA and stress matrix. No torch.
-- ``faults/``: the catalogue of faults in the measured system and the runner that injects them.
+- ``harness/``: claim -> verdict -> record -> report, ``compare`` and ``merge``. No torch.
+- ``faults/``: the catalogue of faults in the measured system.
+- ``audits/``: the claims run under a perturbation (each fault, each CPU kernel family, load) and their verdicts
+  compared; the only wing that starts processes.
 - ``reference/``: the vLLM engine and its report (optional, ``tox -e vllm``).
 
 Everything here works without pytest; the tests under ``claims/`` are a thin layer on top.

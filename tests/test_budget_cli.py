@@ -47,7 +47,7 @@ def test_budget_cli_rejects_bad_input_with_a_clear_error(argv, message, capsys):
 
 
 def test_budget_cli_through_the_package_entry_point(capsys):
-    from cheapinfer.__main__ import main
+    from cheapinfer.cli import main
 
     assert main(["budget", "--gpu-gib", "8", "--model", "13b", "--bits", "4.125"]) == 0
     assert "337 tokens" in capsys.readouterr().out

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cheapinfer.chapter import distill, paged_scheduler, paging, quant, speculative
-from cheapinfer.faults.runner import activate
+from cheapinfer.faults.core import activate
 
 
 def test_the_listings_bf16_codes_span_its_clamp_and_each_clamp_fault_moves_one_end():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from cheapinfer import __main__ as cli
+from cheapinfer import cli
 from cheapinfer.harness import compare as cmp, report, merge, schema
 from cheapinfer.harness.record import Recorder
 from harness import python_m

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cheapinfer import __main__ as cli
+from cheapinfer import cli
 from cheapinfer.runtime import device as devices
 from fake_cuda import FakeCuda
 from harness import python_m

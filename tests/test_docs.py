@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from cheapinfer import __main__ as cli
+from cheapinfer import cli
 
 
 def _options(p: argparse.ArgumentParser) -> set[str]:

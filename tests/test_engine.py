@@ -8,7 +8,7 @@ import pytest
 
 from cheapinfer.chapter import workload
 from cheapinfer.reference import engine, comparison
-from cheapinfer.__main__ import main
+from cheapinfer.cli import main
 
 
 def test_workload_is_the_batching_workload_scaled():

@@ -132,7 +132,7 @@ def test_the_text_checks_find_what_the_entries_list(seed):
 @needs_seeds
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda p: p.name)
 def test_the_errata_command_writes_a_patch_that_git_apply_takes(seed, tmp_path, capsys):
-    from cheapinfer.__main__ import main
+    from cheapinfer.cli import main
 
     work = tmp_path / seed.name
     shutil.copy(seed, work)
@@ -151,7 +151,7 @@ def test_the_errata_command_writes_a_patch_that_git_apply_takes(seed, tmp_path, 
 
 
 def test_the_errata_command_refuses_a_doubled_quote_and_bad_files_in_one_line(tmp_path, capsys):
-    from cheapinfer.__main__ import main
+    from cheapinfer.cli import main
 
     quotes = "\n".join(o.quotes["nl"] for e in locate.entries() for o in e.occurrences)
     doubled = tmp_path / "doubled.txt"

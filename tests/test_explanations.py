@@ -99,7 +99,7 @@ def _outlier_matrix(seed=2):
 def test_the_faults_of_the_new_checks_break_what_those_checks_read():
     """Without a model: under q-codes-rounded-up the error exceeds the bound error_max holds (1); under
     q-int-group-size-ignored INT4 at block 64 is group-128 again, so block_share is 0 and its '> 0' fails."""
-    from cheapinfer.faults import runner
+    from cheapinfer.audits import faults as runner
 
     w = _outlier_matrix()
     with runner.activate("q-codes-rounded-up"):

@@ -55,7 +55,6 @@ EXCEPTIONS = {
     "runtime/device.py::bitsandbytes_cuda_problem": (TYPE, "tests/test_device_selection.py"),
     "runtime/device.py::environment": (DRIVER, "tests/test_accel.py"),
     "runtime/device.py::_environment": (DRIVER, "tests/test_inputs.py"),
-    "runtime/gpu_check.py::plan": (TYPE, "tests/test_gpu_check.py"),
     "runtime/models.py::serving_dtype": (TYPE, "tests/test_tradeoff_statistics.py"),
     "runtime/models.py::claim_dtype": (TYPE, "tests/test_inputs.py"),
     "runtime/models.py::llm_int8_unavailable": (TYPE, "tests/test_device_selection.py"),

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.faults import child, core, runner as faults
+from cheapinfer.audits import faults, forks as child
+from cheapinfer.faults import core
 from cheapinfer.harness import registry, schema
 from harness import python_m
 from cheapinfer.harness import claimfiles, record
@@ -237,7 +238,7 @@ def test_the_fork_server_starts_under_a_temporary_directory_too_long_for_its_soc
     under /tmp, and a process forked from it runs."""
     long_dir = tmp_path / ("d" * max(1, 100 - len(str(tmp_path))))
     long_dir.mkdir()
-    code = ("from cheapinfer.faults import child\n"
+    code = ("from cheapinfer.audits import forks as child\n"
             "child._PRELOAD = []  # the server alone, without torch\n"
             "p = child._fork_context().Process(target=print, args=('forked',))\n"
             "p.start(); p.join(); print('exit', p.exitcode)\n")

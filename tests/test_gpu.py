@@ -82,7 +82,7 @@ def test_gpu_selection_runs_on_the_cpu_when_asked_by_name(tmp_path):
 def test_verify_on_cuda_without_cuda_is_one_line_and_exit_2(capsys):
     if torch.cuda.is_available():
         pytest.skip(NO_CUDA)
-    from cheapinfer import __main__ as cli
+    from cheapinfer import cli
 
     assert cli.main(["verify", "--device", "cuda:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

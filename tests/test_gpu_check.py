@@ -9,8 +9,9 @@ import subprocess
 from pathlib import Path
 
 
-from cheapinfer import __main__ as cli
-from cheapinfer.runtime import device as devices, gpu_check
+from cheapinfer import cli
+from cheapinfer.audits import gpu_check
+from cheapinfer.runtime import device as devices
 from fake_cuda import FakeCuda
 from harness import python_m
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import __main__ as cli_main
+from cheapinfer import cli as cli_main
 from cheapinfer.harness import compare as cmp, merge, registry, report, schema
 from cheapinfer.runtime import artifacts, files, settings as cli
 
@@ -237,7 +237,7 @@ def _full_disk_before_the_renames(tmp_path, capsys, monkeypatch):
 
 
 def _faults_on_a_full_disk(tmp_path, capsys, monkeypatch):
-    from cheapinfer.faults import runner
+    from cheapinfer.audits import faults as runner
 
     (tmp_path / "faults.json").write_text("previous")
     monkeypatch.setattr(runner, "run", lambda names, runs, *a, **k: {"runs": runs, "mode": "sweep", "seconds": 1.0, "uncovered": [],
@@ -332,7 +332,7 @@ def test_writable_dir_names_the_real_cause(make, said, tmp_path):
     (lambda tmp: (tmp / "loop").symlink_to(tmp / "loop") or tmp / "loop", "symlink loop"),
 ], ids=["parent a file", "symlink loop"])
 def test_faults_checks_its_report_dir_before_the_sweep(where, said, tmp_path, capsys, monkeypatch):
-    from cheapinfer.faults import runner
+    from cheapinfer.audits import faults as runner
 
     monkeypatch.setattr(runner, "run", lambda *a, **k: pytest.fail("the sweep ran before the report dir was checked"))
     code, line = _main_exit(["faults", "--report-dir", str(where(tmp_path)), "kv-decode-ignores-cache"], capsys)
@@ -398,7 +398,7 @@ def test_cheapinfer_offline_true_forbids_the_download(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
 def test_sighup_stops_faults_cleanly_as_sigterm_does(sig, tmp_path, capsys, monkeypatch):
-    from cheapinfer.faults import runner
+    from cheapinfer.audits import faults as runner
 
     def sweep(*args, **kwargs):
         os.kill(os.getpid(), sig)
@@ -413,7 +413,7 @@ def test_sighup_stops_faults_cleanly_as_sigterm_does(sig, tmp_path, capsys, monk
 
 
 def test_sighup_stops_the_verdict_checks_as_sigterm_does(capsys):
-    from cheapinfer.harness import matrix
+    from cheapinfer.audits import matrix
 
     def body():
         os.kill(os.getpid(), signal.SIGHUP)

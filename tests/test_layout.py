@@ -1,4 +1,4 @@
-"""The package's layout: five wings whose imports go down or sideways, never up, and no cycle.
+"""The package's layout: seven wings whose imports go down or sideways, never up, and no cycle.
 
 Read from the source (every ``import`` statement, also those inside functions), so that a lazy import
 cannot hide an arrow the wing rules forbid. ``cheapinfer/__init__.py`` (the package face: the seed, the
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-WINGS = ("chapter", "runtime", "harness", "faults", "reference")
+WINGS = ("chapter", "runtime", "harness", "faults", "audits", "reference", "cli")
 
 #: What each wing may import, besides itself and the package face.
 MAY_IMPORT = {
@@ -23,8 +23,10 @@ MAY_IMPORT = {
     "chapter": {"runtime"},
     "harness": {"runtime"},  # and only runtime modules without torch: test_the_harness_never_loads_torch
     "faults": {"chapter", "runtime", "harness"},
+    "audits": {"chapter", "runtime", "harness", "faults"},  # runs the claims under a fault, other kernels, load
     "reference": {"chapter", "runtime", "harness"},  # the engine runs the chapter's workloads beside vLLM
-    "__main__": set(WINGS),
+    "cli": set(WINGS),  # the commands: nothing imports cli/ (test_nothing_imports_the_command_line)
+    "__main__": {"cli"},
 }
 
 #: No module of the package, the plugin or the claim tests is over LIMIT lines.
@@ -266,7 +268,7 @@ def test_one_function_decides_the_runs_device():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "pick":
                 callers.add(path.relative_to(ROOT).as_posix())
-    assert callers == {"fixtures/options.py", "cheapinfer/__main__.py", "cheapinfer/runtime/gpu_check.py"}, callers
+    assert callers == {"fixtures/options.py", "cheapinfer/cli/__init__.py", "cheapinfer/audits/gpu_check.py"}, callers
 
 
 @pytest.mark.parametrize("case", ["up", "cycle"])

@@ -1,4 +1,4 @@
-"""The suite's checks of its own verdicts (cheapinfer.harness.matrix): the claim x kernel-family table, its flips, the
+"""The suite's checks of its own verdicts (cheapinfer.audits.matrix): the claim x kernel-family table, its flips, the
 verdicts that moved under stress, the probe of what a cap made run, and the busy processes beside a run.
 
 Records are made up here with ``report.build`` from measurements judged by the registry; the one real run
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import matrix, registry, report, schema, families as kernel_families, stress
+from cheapinfer.audits import families as kernel_families, matrix, stress
+from cheapinfer.harness import registry, report, schema
 from cheapinfer.harness.record import Recorder
 from cheapinfer.runtime.settings import Terminated
 from harness import python_m
@@ -332,7 +333,7 @@ def test_a_busy_process_ends_at_its_deadline_and_when_its_parent_is_gone():
             time.sleep(0.1)
         assert not _alive(pids[0])
     # A parent killed with SIGKILL runs no cleanup: its busy child sees it gone and ends by itself.
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from cheapinfer.harness import stress\n"
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from cheapinfer.audits import stress\n"
             "with stress.busy(1) as pids:\n    print(pids[0], flush=True); time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code, str(ROOT)], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())

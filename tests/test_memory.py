@@ -142,7 +142,7 @@ def test_the_memory_a_whole_run_needs_comes_from_its_record_and_only_a_whole_run
 def test_verify_warns_in_one_line_before_it_starts_when_memory_is_short(tmp_path, monkeypatch, capsys):
     import json
 
-    from cheapinfer import __main__ as cli
+    from cheapinfer import cli
     from cheapinfer.harness import report
 
     started = []

@@ -272,7 +272,7 @@ def test_the_run_id_verify_passes_names_the_record(tmp_path):
 
 def test_verify_gives_each_run_a_new_id_and_finds_no_summary_without_its_record(tmp_path, monkeypatch, capsys):
     """The mechanism behind verify's summary: the record of its own run id, else nothing (a usage error)."""
-    from cheapinfer import __main__ as cli
+    from cheapinfer import cli
 
     seen = []
     runs = tmp_path / report.RUNS_DIR

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.faults import runner as faults
+from cheapinfer.audits import faults
 from cheapinfer.harness import record, registry, report, schema
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"

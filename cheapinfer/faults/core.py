@@ -1,62 +1,44 @@
-"""What a fault is, and how one is written (the catalogue's vocabulary).
-
-A fault is a realistic bug in the measured system or a library regression, written as a context manager
-that patches the measurement code (never the registry, never a test) and names the claims it is expected
-to turn red. A fault is registered with :func:`fault`::
-
-    @fault("kv-decode-ignores-cache", section="KV", kind=DISABLED, targets=("KV-DECODE-FLAT",),
-           what="the decode step drops the cache it is given and recomputes the whole history")
-    def _():
-        with patched(kv, "decode_step", broken_decode_step):
-            yield
+"""The catalogue of faults, as the plugin and the runner read it: every fault by name, one activated, the faults that
+name a claim, and the last fault sweep's record. What a fault is and how one is written: :mod:`cheapinfer.faults.base`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
-from unittest import mock
+from pathlib import Path
+from typing import TYPE_CHECKING, ContextManager
 
-DISABLED = "disabled optimisation"
-CONSTANT = "wrong constant"
-RULE = "wrong rule"
-STATISTIC = "wrong statistic"
-KINDS = (DISABLED, CONSTANT, RULE, STATISTIC)
+from .base import FAULTS, KINDS, Fault  # noqa: F401  (KINDS: the catalogue's vocabulary, read here too)
+
+if TYPE_CHECKING:
+    from ..harness.schema import FaultRecord
 
 
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    section: str
-    kind: str
-    what: str  # the realistic bug, in one sentence
-    targets: tuple[str, ...]  # the claims it is expected to turn red
-    activate: Callable[[], ContextManager[None]]
+
+def catalogue() -> dict[str, Fault]:
+    """Every registered fault, by name (importing the catalogue's modules registers them)."""
+    from . import catalogue as _registers  # noqa: F401  (importing the catalogue registers its faults)
+
+    return dict(FAULTS)
 
 
-FAULTS: dict[str, Fault] = {}
+def activate(name: str) -> ContextManager[None]:
+    faults = catalogue()
+    if name not in faults:
+        raise KeyError(f"no such fault: {name} (python -m cheapinfer faults --list)")
+    return faults[name].activate()
 
 
-def fault(name: str, *, section: str, kind: str, targets: tuple[str, ...], what: str):
-    """Register the decorated generator (patch, ``yield``, restore) as the fault ``name``."""
-    if kind not in KINDS:
-        raise ValueError(f"fault {name}: kind must be one of {KINDS}")
-    if not targets:
-        raise ValueError(f"fault {name}: names no claim it turns red")
-
-    def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
-        if name in FAULTS:
-            raise ValueError(f"fault {name} registered twice")
-        FAULTS[name] = Fault(name, section, kind, what, tuple(targets), contextlib.contextmanager(gen))
-        return gen
-
-    return register
+def targeted_by(claim_id: str) -> list[str]:
+    """The faults that name ``claim_id`` as a claim they turn red."""
+    return [f.name for f in catalogue().values() if claim_id in f.targets]
 
 
-def patched(target: Any, attribute: str, replacement: Any) -> ContextManager[Any]:
-    """``target.attribute`` replaced for the duration; the attribute must exist (a renamed function
-    must not leave a fault silently inert)."""
-    if not hasattr(target, attribute):
-        raise AttributeError(f"fault patches {getattr(target, '__name__', target)}.{attribute}, which does not exist")
-    return mock.patch.object(target, attribute, replacement)
+def last_run(report_dir: Path) -> FaultRecord | None:
+    """The last fault record written into ``report_dir``, checked (:func:`cheapinfer.harness.schema.check_fault_record`);
+    None where there is none or it is not one."""
+    from ..harness.schema import FAULTS_NAME, read_fault_record
+
+    try:
+        return read_fault_record(Path(report_dir) / FAULTS_NAME)
+    except (OSError, ValueError):
+        return None

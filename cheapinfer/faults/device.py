@@ -18,7 +18,7 @@ import torch
 from ..chapter import kv, quant
 from ..runtime import accel, hf, models, premise
 from ..runtime import device as devices
-from .core import patched
+from .base import patched
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator
 
 from ..harness import compare, errata, schema
-from .core import patched
+from .base import patched
 
 COMPARE, REPORT = "compare", "report"
 READERS = (COMPARE, REPORT)

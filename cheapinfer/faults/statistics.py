@@ -14,7 +14,7 @@ from typing import Callable, ContextManager, Iterator
 from scipy import stats
 
 from ..chapter import battery
-from .core import patched
+from .base import patched
 
 STAT_FAULTS: dict[str, tuple[str, Callable[[], ContextManager[None]]]] = {}
 

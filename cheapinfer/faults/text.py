@@ -17,7 +17,7 @@ from typing import Callable, ContextManager, Iterator
 from unittest import mock
 
 from ..harness import explanations, grades, locate, textchecks
-from .core import patched
+from .base import patched
 
 UNITS, FORMULAS, ROUND_WORDS, LOCATE, PATCH = "units classification", "formula locale", "round-word grading", "locate by quote", "patch writer"
 LISTINGS = "listings"

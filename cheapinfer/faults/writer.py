@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..harness import report
-from .core import patched
+from .base import patched
 
 WHAT = "every record, matrix and report written in place (truncate, then write): a failed write truncates the previous file"
 

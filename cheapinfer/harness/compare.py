@@ -56,7 +56,7 @@ from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT
 from .tables import machine_label
 from . import schema
-from .processes import PROCESS_LEVEL, by_profile, finite, identities, not_a_rerun, rerun_values, welch_p
+from .reruns import PROCESS_LEVEL, by_profile, finite, identities, not_a_rerun, rerun_values, welch_p
 from .schema import ClaimEntry, RunRecord
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.

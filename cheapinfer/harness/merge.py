@@ -17,7 +17,7 @@ from ..runtime.files import loads_strict, read_bounded, why_not_a_directory
 from .registry import DEVIATES, NOT_RUN, VERDICTS
 from .report import KEY_ENVIRONMENT
 from .tables import machine_label, markdown_table
-from . import compare, processes, report, schema
+from . import compare, reruns, report, schema
 from .schema import ClaimEntry, RunRecord
 
 # ----------------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def merge_cli(argv: list[str]) -> int:
             compare.usage_error(p.prog, f"-o {args.output}: {refusal}; nothing was written (pass --force to overwrite it)")
     records = [compare.read_record(p.prog, path) for path in args.records]
     sources = [str(path) for path in args.records]
-    twice = processes.given_twice(records, args.records)
+    twice = reruns.given_twice(records, args.records)
     if twice:
         compare.usage_error(p.prog, f"{twice}: each machine's run once, or the matrix counts one run as two machines")
     try:

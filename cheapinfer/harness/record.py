@@ -4,7 +4,7 @@ A :class:`Recorder` gathers one :class:`Result` per (claim, profile) measurement
 one place where a measurement meets the registry: it judges, records and returns the judgement.
 With ``--perturb ID`` it judges against the claim's book values moved beyond their tolerances
 instead (a demonstration of the comparator; that the measurement itself can fail is shown by the
-fault catalogue, ``cheapinfer.faults.runner``).
+fault catalogue, ``cheapinfer.audits.faults``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The catalogue of faults, one module per section of the chapter (see :mod:`cheapinfer.faults.core`).
+"""The catalogue of faults, one module per section of the chapter (see :mod:`cheapinfer.faults.base`).
 
 Every fault is a realistic bug in the measured system or a library regression, written as a patch of
 the measurement code that the claims' tests call. Each names the claims it must turn red. Importing

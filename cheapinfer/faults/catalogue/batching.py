@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from ...chapter import batching, paging, knee, paged_scheduler, scheduler, workload
-from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import misspelled_while, replaying_steps
 
 

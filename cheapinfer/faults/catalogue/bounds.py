@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ...chapter import knee, outliers, quant, quant_error
 from ...runtime import roofline
-from ..core import CONSTANT, DISABLED, RULE, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, fault, patched
 
 
 def _codes_unrounded_where(chooses):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...chapter import budget
-from ..core import CONSTANT, RULE, fault, patched
+from ..base import CONSTANT, RULE, fault, patched
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from ...runtime import hf
-from ..core import patched
+from ..base import patched
 
 # ------------------------------------------------------------------------------------------------
 # a cache handed over under a keyword the model does not take

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...chapter import evaluation, quant, battery, perplexity
-from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 
 
 # ------------------------------------------------------------------------------------------------

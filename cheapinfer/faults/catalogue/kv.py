@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ...chapter import asides, kv, kv_listing, kv_macs
 from ...runtime import accel, hf
-from ..core import CONSTANT, DISABLED, RULE, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, fault, patched
 from .common import replaying_steps
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from ...chapter import outliers
-from ..core import CONSTANT, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, RULE, STATISTIC, fault, patched
 
 
 @fault(

@@ -9,7 +9,7 @@ import torch
 
 from ...chapter import batching, formats, lowbit, quant, quant_error
 from ...runtime import accel
-from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import replaying_first
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...chapter import distill, speculative
-from ..core import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import MISSPELLED_HF, misspelled_while, replaying_first
 
 

@@ -1,4 +1,4 @@
-"""``verify --stress N`` (:mod:`cheapinfer.harness.matrix`): the clocked claims run once on the quiet
+"""``verify --stress N`` (:mod:`cheapinfer.audits.matrix`): the clocked claims run once on the quiet
 machine, then again beside N CPU-bound processes (:func:`busy`); per claim the quiet and the stressed
 verdict and the machine's load around each. Load must never be what turns a claim red.
 """
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .compare import compare, environment_changes
-from .report import atomic_write
-from .tables import markdown_table
+from ..harness.compare import compare, environment_changes
+from ..harness.report import atomic_write
+from ..harness.tables import markdown_table
 from . import matrix
 
 #: Each busy process ends after this many seconds at most, or as soon as its parent is gone.

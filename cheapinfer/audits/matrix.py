@@ -36,14 +36,14 @@ from typing import Any, Callable
 
 from .. import CHECKOUT
 from . import families as kernel_families
-from . import registry
-from .schema import ClaimEntry, ResultEntry, read_record
-from .compare import shape_bounds
-from .record import is_harness_error
+from ..harness import registry
+from ..harness.schema import ClaimEntry, ResultEntry, read_record
+from ..harness.compare import shape_bounds
+from ..harness.record import is_harness_error
 from ..runtime.settings import Terminated, child_environment, on_stop, restore, terminate  # SIGTERM as an exception, as the fault runner takes it
-from .registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
-from .report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
-from .tables import machine_label, markdown_table
+from ..harness.registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
+from ..harness.report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
+from ..harness.tables import machine_label, markdown_table
 
 ROOT = CHECKOUT
 
@@ -59,7 +59,7 @@ def isa_claims(claims_dir: Path | None = None) -> list[str]:
     test (it needs weights this suite cannot fetch; a claim measured only there would be *not run* in every
     family); its results in each run are skipped with their reason."""
     from ..runtime.profiles import device_dependent
-    from .claimfiles import clocked_claims, tested_ids
+    from ..harness.claimfiles import clocked_claims, tested_ids
 
     claims_dir = Path(claims_dir or ROOT / "claims")
     tested, clocked = tested_ids(claims_dir), clocked_claims(claims_dir)
@@ -69,7 +69,7 @@ def isa_claims(claims_dir: Path | None = None) -> list[str]:
 
 def stress_claims(claims_dir: Path | None = None) -> list[str]:
     """The claims whose tests read a clock (``claimfiles.clocked_claims``), in the book's order."""
-    from .claimfiles import clocked_claims
+    from ..harness.claimfiles import clocked_claims
 
     clocked = clocked_claims(Path(claims_dir or ROOT / "claims"))
     return [cid for cid in registry.load() if cid in clocked]

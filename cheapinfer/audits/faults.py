@@ -14,7 +14,7 @@ fault stops at its first red claim (:func:`run`); ``--all-targets`` runs every c
 own record (``runs/``, marked with the fault) and replaces neither the latest ``run.json`` nor ``errata.md``;
 the runner reads each fault run's kept record.
 
-A fault is written and registered as :mod:`cheapinfer.faults.core` says.
+A fault is written and registered as :mod:`cheapinfer.faults.base` says.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 from .. import CHECKOUT, __version__
 from ..harness.claimfiles import clocked_claims, slow_claims, tested_ids
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
-from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_fault_record, read_record
+from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
 from ..runtime.settings import Terminated, bounded_count, finite_number, on_stop, path_arg, restore, terminate
 from ..runtime.files import kind_of
-from .child import clear_halt, halt, pytest_run
-from .core import FAULTS, Fault
+from .forks import clear_halt, halt, pytest_run
+from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
 
 #: ``--runs``: a run of every fault takes minutes; a thousand is weeks, and the record holds every run's verdicts.
 MAX_RUNS = 1000
@@ -38,25 +38,6 @@ MAX_RUNS = 1000
 MAX_WORKERS = 64
 #: ``--timeout``: below this, starting pytest and importing torch alone would "time out" every fault.
 MIN_TIMEOUT = 5.0
-
-def catalogue() -> dict[str, Fault]:
-    """Every registered fault, by name (importing the catalogue's modules registers them)."""
-    from . import catalogue as _registers  # noqa: F401  (importing the catalogue registers its faults)
-
-    return dict(FAULTS)
-
-
-def activate(name: str) -> ContextManager[None]:
-    faults = catalogue()
-    if name not in faults:
-        raise KeyError(f"no such fault: {name} (python -m cheapinfer faults --list)")
-    return faults[name].activate()
-
-
-def targeted_by(claim_id: str) -> list[str]:
-    """The faults that name ``claim_id`` as a claim they turn red."""
-    return [f.name for f in catalogue().values() if claim_id in f.targets]
-
 
 # ------------------------------------------------------------------------------------------------
 # the runner: python -m cheapinfer faults
@@ -237,15 +218,6 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
         "faults": results,
         "uncovered": uncovered(),
     }
-
-
-def last_run(report_dir: Path) -> FaultRecord | None:
-    """The last fault record written into ``report_dir``, checked (:func:`cheapinfer.harness.schema.check_fault_record`);
-    None where there is none or it is not one."""
-    try:
-        return read_fault_record(Path(report_dir) / FAULTS_NAME)
-    except (OSError, ValueError):
-        return None
 
 
 def table(result: FaultRecord) -> list[str]:

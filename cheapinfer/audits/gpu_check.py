@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import CHECKOUT
-from .settings import Parser, child_environment, nonempty
+from ..runtime.settings import Parser, child_environment, nonempty
 
 RECORD_NAME = "gpu-check.json"
 #: Every download refused: the suite's artifacts and Hugging Face's.
@@ -51,7 +51,7 @@ def verdicts(run_record: Path) -> dict[str, int]:
 
 def _cached_artifacts() -> str | None:
     """Why the artifacts are not all in the cache (offline), or None."""
-    from . import artifacts
+    from ..runtime import artifacts
 
     before = os.environ.get(artifacts.OFFLINE_VARIABLE)
     os.environ[artifacts.OFFLINE_VARIABLE] = "1"
@@ -86,7 +86,7 @@ def gpu_check_cli(argv: list[str]) -> int:
         p.error(f"tests/ and claims/ are not next to the package ({CHECKOUT}); run from a checkout of the suite")
     import torch
 
-    from .device import DeviceUnavailable, environment, pick
+    from ..runtime.device import DeviceUnavailable, environment, pick
 
     if not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else ("ROCm " + torch.version.hip if torch.version.hip else "a CPU build")

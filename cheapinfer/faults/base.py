@@ -1,0 +1,62 @@
+"""What a fault is, and how one is written (the catalogue's vocabulary).
+
+A fault is a realistic bug in the measured system or a library regression, written as a context manager
+that patches the measurement code (never the registry, never a test) and names the claims it is expected
+to turn red. A fault is registered with :func:`fault`::
+
+    @fault("kv-decode-ignores-cache", section="KV", kind=DISABLED, targets=("KV-DECODE-FLAT",),
+           what="the decode step drops the cache it is given and recomputes the whole history")
+    def _():
+        with patched(kv, "decode_step", broken_decode_step):
+            yield
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator
+from unittest import mock
+
+DISABLED = "disabled optimisation"
+CONSTANT = "wrong constant"
+RULE = "wrong rule"
+STATISTIC = "wrong statistic"
+KINDS = (DISABLED, CONSTANT, RULE, STATISTIC)
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    section: str
+    kind: str
+    what: str  # the realistic bug, in one sentence
+    targets: tuple[str, ...]  # the claims it is expected to turn red
+    activate: Callable[[], ContextManager[None]]
+
+
+FAULTS: dict[str, Fault] = {}
+
+
+def fault(name: str, *, section: str, kind: str, targets: tuple[str, ...], what: str):
+    """Register the decorated generator (patch, ``yield``, restore) as the fault ``name``."""
+    if kind not in KINDS:
+        raise ValueError(f"fault {name}: kind must be one of {KINDS}")
+    if not targets:
+        raise ValueError(f"fault {name}: names no claim it turns red")
+
+    def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
+        if name in FAULTS:
+            raise ValueError(f"fault {name} registered twice")
+        FAULTS[name] = Fault(name, section, kind, what, tuple(targets), contextlib.contextmanager(gen))
+        return gen
+
+    return register
+
+
+def patched(target: Any, attribute: str, replacement: Any) -> ContextManager[Any]:
+    """``target.attribute`` replaced for the duration; the attribute must exist (a renamed function
+    must not leave a fault silently inert)."""
+    if not hasattr(target, attribute):
+        raise AttributeError(f"fault patches {getattr(target, '__name__', target)}.{attribute}, which does not exist")
+    return mock.patch.object(target, attribute, replacement)
