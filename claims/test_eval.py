@@ -21,7 +21,6 @@ def _ppls(table, schemes):
 
 
 @pytest.mark.claim("EVAL-TABLE")
-@pytest.mark.slow
 @on_profiles("stand-in", "book")
 def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evaluation_table, corpus_source):
     """EVAL-TABLE: "perplexity on 2,048 held-out tokens of English prose, a battery of 16 short factual

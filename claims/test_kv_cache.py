@@ -272,7 +272,6 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
 
 @on_profiles("twin", "book")
 @pytest.mark.claim("KV-SPEEDUP-48")
-@pytest.mark.slow  # three rounds of a 48-token uncached generation of the book's architecture: about 100 s on one CPU thread
 def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
     """KV-SPEEDUP-48: "uncached vs cached generation of 48 tokens: 9x faster cached"."""
     # 4 tokens on a CPU keep the uncached run (48 forwards over 4..51 tokens) near half a minute on 2
