@@ -11,7 +11,7 @@ import pytest
 from cheapinfer.chapter import evaluation, independence, battery, perplexity
 from cheapinfer.harness import registry
 from cheapinfer.runtime import rounding
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 INT4 = ("int4-tensor", "int4-row", "int4-g128", "nf4")
 

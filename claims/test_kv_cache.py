@@ -13,7 +13,7 @@ from cheapinfer.runtime import accel, models, plots, roofline, rounding, timing
 from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 MIB = 2**20
 

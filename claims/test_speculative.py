@@ -19,7 +19,7 @@ from cheapinfer.chapter import evaluation, speculative as spec
 from cheapinfer.runtime import evidence, rounding, timing
 from cheapinfer.harness import registry
 from cheapinfer.chapter.quant import SCHEMES
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 GAMMAS = (1, 2, 4, 8)
