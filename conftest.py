@@ -6,4 +6,4 @@ fixtures/evaluation.py: the corpus, the battery and the evaluation table, built 
 fixtures/batch_curve.py: the batch curve and the serving models, measured once per claim module.
 """
 
-pytest_plugins = ["fixtures.plugin", "fixtures.quant", "fixtures.evaluation", "fixtures.batch_curve"]
+pytest_plugins = ["fixtures.plugin", "fixtures.quant", "fixtures.evaluation", "fixtures.batch_curve", "pytester"]

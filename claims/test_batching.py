@@ -13,7 +13,7 @@ from cheapinfer.runtime import accel, evidence, models, plots, roofline, timing
 from cheapinfer.chapter import batching, kv, knee, paged_scheduler, scheduler, workload
 from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving
 from cheapinfer.harness.registry import NOISE_SIGMAS
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 
 @pytest.mark.claim("BAT-1-TO-16")

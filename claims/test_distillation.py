@@ -7,7 +7,7 @@ import torch
 
 from cheapinfer.chapter import distill
 from cheapinfer.harness import registry
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 # The book's printed top five, from the registry: ' jug' 0.1355, ' cup' 0.1051, ...
 BOOK_TOP5 = {" " + q.removeprefix("p_"): p for q, p in registry.get("DIST-MILK").book.items() if q.startswith("p_")}

@@ -10,7 +10,7 @@ import pytest
 
 from cheapinfer.chapter import evaluation, independence, battery, perplexity
 from cheapinfer.runtime import rounding
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 INT4 = ("int4-tensor", "int4-row", "int4-g128", "nf4")
 
@@ -20,7 +20,6 @@ def _ppls(table, schemes):
 
 
 @pytest.mark.claim("EVAL-TABLE")
-@pytest.mark.slow
 @on_profiles("stand-in", "book")
 def test_seven_schemes_by_perplexity_battery_and_agreement(claim, profile, evaluation_table, corpus_source):
     """EVAL-TABLE: "perplexity on 2,048 held-out tokens of English prose, a battery of 16 short factual

@@ -13,7 +13,7 @@ from cheapinfer.runtime import accel, models, plots, roofline, rounding, timing
 from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 MIB = 2**20
 
@@ -272,7 +272,6 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
 
 @on_profiles("twin", "book")
 @pytest.mark.claim("KV-SPEEDUP-48")
-@pytest.mark.slow  # three rounds of a 48-token uncached generation of the book's architecture: about 100 s on one CPU thread
 def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
     """KV-SPEEDUP-48: "uncached vs cached generation of 48 tokens: 9x faster cached"."""
     # 4 tokens on a CPU keep the uncached run (48 forwards over 4..51 tokens) near half a minute on 2

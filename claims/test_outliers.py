@@ -7,7 +7,7 @@ import pytest
 
 from cheapinfer.chapter import outliers
 from cheapinfer.harness import registry
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 #: The ordinary dimensions the book names (Qwen2.5-0.5B: 826, 336, 96), from the registry; inputs of
 #: the measurement on the book profile only.

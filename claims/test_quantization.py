@@ -11,8 +11,7 @@ from cheapinfer.runtime.models import claim_dtype, llm_int8_unavailable
 from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
 from cheapinfer.runtime.arch import QWEN25_05B
-from fixtures import strategies
-from fixtures.markers import on_profiles
+from cheapinfer.testing import nonzero_weights, on_profiles
 
 BOOK_DOWN_PROJ = "model.layers.12.mlp.down_proj.weight"
 STAND_IN_NOTE = (
@@ -130,7 +129,7 @@ def test_the_books_absmax_listing_rounds_within_half_a_step(claim):
     """Q-ABSMAX: "qmax = 2 ** (bits - 1) - 1; scale = W.abs().max() / qmax; Wq = torch.round(W / scale).clamp(-qmax - 1, qmax)"."""
     seen = {"worst": 0.0, "idempotent": True, "symmetric": True, "matches": True, "top": {8: set(), 4: set()}}
 
-    @given(w=strategies.nonzero_weights, bits=st.sampled_from((8, 4)))
+    @given(w=nonzero_weights, bits=st.sampled_from((8, 4)))
     @example(w=np.array([[1.0, -0.5, 0.25]], np.float32), bits=8)  # the largest weight positive
     @example(w=np.array([[-1.0, 0.5, 0.3]], np.float32), bits=4)  # the largest weight negative
     @example(w=np.array([[7.0, 0.5, 2.5, -1.5]], np.float32), bits=4)  # scale exactly 1: ties at 0.5, 2.5, -1.5

@@ -19,7 +19,7 @@ from cheapinfer.chapter import evaluation, speculative as spec
 from cheapinfer.runtime import evidence, rounding, timing
 from cheapinfer.harness import registry
 from cheapinfer.chapter.quant import SCHEMES
-from fixtures.markers import on_profiles
+from cheapinfer.testing import on_profiles
 
 ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 GAMMAS = (1, 2, 4, 8)
@@ -59,7 +59,6 @@ def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
 
 
 @pytest.mark.claim("SPEC-EXACT-GREEDY")
-@pytest.mark.slow
 @on_profiles("stand-in", "book")
 def test_greedy_speculation_yields_the_targets_tokens(claim, profile, reference_continuations, speculative_runs, quantized_variant):
     """SPEC-EXACT-GREEDY: "with greedy decoding that is obvious: a token is only accepted if the target would have produced it"."""
@@ -214,7 +213,6 @@ def test_gamma_8_gains_at_high_acceptance_and_loses_at_low(claim):
 
 
 @pytest.mark.claim("SPEC-ALPHA")
-@pytest.mark.slow
 @on_profiles("stand-in", "book")
 def test_acceptance_rate_is_the_agreement_column(claim, profile, reference_continuations, speculative_runs, quantized_variant):
     """SPEC-ALPHA: "Everything depends on the acceptance rate alpha, which is measurable: it is the agreement column

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from cheapinfer.chapter import battery, budget, distill, outliers, paging, quant, speculative as spec, workload
 from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
 from cheapinfer.runtime import rounding
-from fixtures import strategies
+from cheapinfer import testing
 
 
 alpha_st = st.floats(min_value=0.0, max_value=0.999, allow_nan=False)
@@ -137,7 +137,7 @@ def test_output_law_of_the_acceptance_rule_is_the_target(pw, qw):
     assert bool(((spec.output_distribution(p, q) - p).abs() <= spec.law_rounding_bound(n)).all())
 
 
-@given(w=strategies.weights, scheme=st.sampled_from(strategies.INT_SCHEMES + ("nf4", "nf4-g16")))
+@given(w=testing.weights, scheme=st.sampled_from(testing.INT_SCHEMES + ("nf4", "nf4-g16")))
 def test_the_suites_quantizer_stays_within_half_a_step(w, scheme):
     """The suite's own quantizer (fp16 scales, rows, groups, packed codes): half a step, idempotent,
     sign-symmetric, codes in range, all-zero groups stay zero; unpacked fake quantization equals it."""

@@ -18,7 +18,7 @@ from cheapinfer.audits import faults, forks as child
 from cheapinfer.faults import core
 from cheapinfer.harness import registry, schema
 from harness import python_m
-from cheapinfer.harness import claimfiles, record
+from cheapinfer.harness import record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,6 @@ def test_every_fault_patches_existing_code_and_restores_it(name):
     f = faults.catalogue()[name]
     assert f.kind in core.KINDS and f.what.strip()
     assert set(f.targets) <= set(registry.load()), f"{name} names claims the registry lacks"
-    assert set(f.targets) <= set(claimfiles.tested_ids(ROOT / "claims")), f"{name} names claims without a test"
     with f.activate():
         pass
 
@@ -49,8 +48,8 @@ def test_the_runner_reports_a_fault_that_turns_nothing_red(monkeypatch, tmp_path
     assert any("red 0/2" in row and "reproduced" in row for row in faults.table(result))
 
 
-def test_clocked_claims_are_the_ones_whose_tests_read_a_clock():
-    clocked = claimfiles.clocked_claims()
+def test_clocked_claims_are_the_ones_the_registry_declares_clocked():
+    clocked = registry.clocked_claims()
     assert {"KV-SPEEDUP-48", "BAT-TRADEOFF", "BAT-STATIC-CONT", "Q-BYTES-SPEED", "SPEC-REAL-SLOWDOWN", "KV-HEAD-TIMING"} <= clocked
     # PAGE-* set a thread count (timing.cpu_threads) but read no clock.
     assert not clocked & {"KV-IDENTITY", "KV-BYTES-FORMULA", "Q-ABSMAX", "EVAL-TABLE", "SPEC-EXACT-GREEDY", "KV-MEMORY-8.3X", "PAGE-WASTE", "PAGE-PREFIX"}
@@ -59,14 +58,14 @@ def test_clocked_claims_are_the_ones_whose_tests_read_a_clock():
 def test_faults_on_slow_claims_start_first_when_there_is_no_last_run(monkeypatch, tmp_path):
     """Without a previous faults.json, the faults whose claims have a slow test (EVAL-TABLE's seven rows,
     SPEC-EXACT-GREEDY's six drafts) must not start last, or a long one runs alone at the end."""
-    assert {"EVAL-TABLE", "SPEC-EXACT-GREEDY"} <= claimfiles.slow_claims()
+    assert {"EVAL-TABLE", "SPEC-EXACT-GREEDY"} <= registry.slow_claims()
     cat = faults.catalogue()
     names = list(cat)
     log = _logging_runner(monkeypatch, red=lambda cid: True)
     faults.run(names, 1, tmp_path, echo=lambda line: None, workers=1)
     order = [name for name, *_ in log]
     # the counted phase runs each fault's claims that read no clock: a slow clocked claim (KV-SPEEDUP-48) runs alone later
-    slow = [n for n in names if (set(cat[n].targets) - claimfiles.clocked_claims()) & claimfiles.slow_claims()]
+    slow = [n for n in names if (set(cat[n].targets) - registry.clocked_claims()) & registry.slow_claims()]
     assert slow and set(order[: len(slow)]) == set(slow), order
 
 
@@ -99,7 +98,7 @@ def _logging_runner(monkeypatch, red):
 @pytest.mark.parametrize("all_targets", [False, True], ids=["sweep", "all-targets"])
 def test_clocked_claims_never_run_beside_another_fault(monkeypatch, tmp_path, all_targets):
     """A neighbour's load must never be what turned a timing claim red: clocked claims run alone, after the rest."""
-    cat, clocked = faults.catalogue(), claimfiles.clocked_claims()
+    cat, clocked = faults.catalogue(), registry.clocked_claims()
     mixed = next(n for n, f in cat.items() if set(f.targets) & clocked and set(f.targets) - clocked)
     only_clocked = next(n for n, f in cat.items() if set(f.targets) <= clocked)
     counted = [n for n, f in cat.items() if not set(f.targets) & clocked][:3]
@@ -119,7 +118,7 @@ def test_clocked_claims_never_run_beside_another_fault(monkeypatch, tmp_path, al
 
 def test_the_sweep_stops_at_the_first_red_claim(monkeypatch, tmp_path):
     """Caught by an unclocked claim, a fault never runs its clocked claims; those are reported as not reached."""
-    cat, clocked = faults.catalogue(), claimfiles.clocked_claims()
+    cat, clocked = faults.catalogue(), registry.clocked_claims()
     mixed = next(n for n, f in cat.items() if set(f.targets) & clocked and set(f.targets) - clocked)
     log = _logging_runner(monkeypatch, red=lambda cid: True)
     result = faults.run([mixed], 2, tmp_path, echo=lambda line: None)

@@ -591,7 +591,8 @@ def test_verify_on_a_disk_that_fills_keeps_its_record_and_points_at_no_report_it
     assert "Errata report:" not in full.stdout and "were not replaced: see the error above" in full.stdout
 
 
-@pytest.mark.parametrize("case,said", [("duplicate", "is not valid TOML: Cannot declare"), ("nan-tolerance", "needs a finite tol > 0")])
+@pytest.mark.parametrize("case,said", [("duplicate", "is not valid TOML: Cannot declare"), ("nan-tolerance", "needs a finite tol > 0"),
+                                       ("bad-timing", "timing 'sometimes' is none of clocked, counted")])
 def test_a_broken_registry_through_pytest_is_one_line_and_exit_4(case, said, tmp_path):
     """The path a maintainer meets first (pytest's configure), not only the commands'."""
     from harness import python_m

@@ -120,8 +120,18 @@ def _violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_module_lives_in_a_wing():
-    loose = [name for name in _modules() if name.count(".") == 1 and _wing(name) not in WINGS and name != "cheapinfer.__main__"]
+    loose = [name for name in _modules() if name.count(".") == 1 and _wing(name) not in WINGS and name not in ("cheapinfer.__main__", TESTING)]
     assert not loose, f"modules outside the wings {WINGS}: {loose}"
+
+
+#: The test helpers (pytest, Hypothesis): the claim tests and the suite's tests import it, the package never.
+TESTING = "cheapinfer.testing"
+
+
+def test_nothing_in_the_package_imports_the_test_helpers():
+    graph = _graph()
+    assert not [m for m, targets in graph.items() if TESTING in targets], "the package imports cheapinfer.testing (pytest, Hypothesis)"
+    assert not graph[TESTING], f"{TESTING} imports the package's modules {sorted(graph[TESTING])}: it holds test helpers only"
 
 
 def test_imports_go_down_or_sideways():
@@ -167,14 +177,14 @@ def _plugin_modules(root: Path = ROOT) -> set[str]:
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytest_plugins" for t in node.targets):
                 for name in ast.literal_eval(node.value):
-                    if name not in found:
+                    if name not in found and name.split(".")[0] == "fixtures":  # the suite's own (not pytester)
                         found.add(name)
                         todo.append(root / (name.replace(".", "/") + ".py"))
     return found
 
 
 def _claim_module_faults(root: Path = ROOT) -> list[str]:
-    """What breaks the rule for ``claims/``: a test function without a claim marker, an import from a plugin module."""
+    """What breaks the rule for ``claims/``: a test function without a claim marker, an import from ``fixtures/``."""
     plugins, bad = _plugin_modules(root), []
     for path in sorted((root / "claims").glob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -187,13 +197,14 @@ def _claim_module_faults(root: Path = ROOT) -> list[str]:
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else [a.name for a in getattr(node, "names", [])] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module == "fixtures":
                 names = [f"fixtures.{a.name}" for a in node.names]
-            bad += [f"{path.name} imports the plugin module {n}: a helper belongs in an importable module" for n in names if n in plugins]
+            bad += [f"{path.name} imports the plugin module {n}: a helper belongs in cheapinfer.testing" for n in names
+                    if n in plugins or n.split(".")[0] == "fixtures"]
     return bad
 
 
 def test_claims_hold_only_thin_claim_tests():
-    """``claims/`` holds only tests marked ``claim(ID)``; their helpers come from the package or from ``fixtures/markers.py``
-    and ``fixtures/strategies.py``, never from a plugin module."""
+    """``claims/`` holds only tests marked ``claim(ID)``; their helpers come from the package (the test helpers from
+    ``cheapinfer.testing``), never from ``fixtures/``, whose modules are the plugin's."""
     bad = _claim_module_faults()
     assert not bad, "\n".join(bad)
     assert {"fixtures.plugin", "fixtures.profiles", "fixtures.batch_curve"} <= _plugin_modules()

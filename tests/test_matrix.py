@@ -289,7 +289,7 @@ def test_isa_main_exits_0_when_the_families_agree_and_1_when_one_wrote_no_record
 
 
 def test_the_matrix_claims_are_the_clocked_ones_and_those_measured_on_a_model_but_not_arithmetic():
-    from cheapinfer.harness.claimfiles import clocked_claims
+    from cheapinfer.harness.registry import clocked_claims
 
     claims, reg = matrix.isa_claims(), registry.load()
     assert set(clocked_claims()) <= set(claims)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.harness import registry, verdict as verdicts
-from cheapinfer.harness import claimfiles, record
+from cheapinfer.harness import record
 from cheapinfer.harness.registry import DEVIATES, REPRODUCED, SHAPE_HOLDS, RegistryError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,8 +26,15 @@ def test_registry_holds_every_catalog_id_once():
     assert ids == list(claims), "the registry keeps the catalog's order"
 
 
+#: A claim test's marker, as written in ``claims/test_*.py`` (read here only: the suite takes every registry claim as tested)
+_CLAIM_MARK = re.compile(r"""mark\.claim\(\s*["']([A-Z][A-Z0-9.\-]+)["']""")
+
+
 def test_every_claim_has_exactly_one_test_function():
-    tested = claimfiles.tested_ids(ROOT / "claims")
+    tested: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "claims").glob("test_*.py")):
+        for claim_id in _CLAIM_MARK.findall(path.read_text(encoding="utf-8")):
+            tested.setdefault(claim_id, []).append(path.name)
     missing = [cid for cid in registry.load() if cid not in tested]
     twice = {cid: files for cid, files in tested.items() if len(files) > 1}
     unknown = set(tested) - set(registry.load())
@@ -50,12 +57,7 @@ def _passing_value(check, book):
     return {">": b + step, ">=": b, "<": b - step, "<=": b, "==": b}[check.op]
 
 
-def _claims_with_tests():
-    tested = claimfiles.tested_ids(ROOT / "claims")
-    return [c for c in registry.load().values() if c.id in tested]
-
-
-@pytest.mark.parametrize("claim", _claims_with_tests(), ids=lambda c: c.id)
+@pytest.mark.parametrize("claim", list(registry.load().values()), ids=lambda c: c.id)
 def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
     """Every check of every tested claim can fail: a passing measurement stops passing once the
     registry's value moves beyond its tolerance (STYLE habit 9)."""
@@ -79,7 +81,7 @@ def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
         assert verdicts.judge(alone, measured, profile, "cuda").verdict == DEVIATES, f"{claim.id}/{check.q} cannot fail"
 
 
-@pytest.mark.parametrize("claim", _claims_with_tests(), ids=lambda c: c.id)
+@pytest.mark.parametrize("claim", list(registry.load().values()), ids=lambda c: c.id)
 def test_claim_is_asserted_somewhere_on_a_cpu(claim):
     """A claim whose every check needs CUDA would have no verdict on a laptop."""
     cpu_checks = [c for c in claim.checks if c.requires != "cuda" and (c.kind == "shape" or set(claim.digits_on) & set(claim.runs_on))]
@@ -104,17 +106,35 @@ def test_tolerances_are_finite_and_explained():
         ('[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["laptop"]', "unknown profile"),
         ('[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 1}\nruns_on = ["book"]\nchecks = [{q = "a", form = "exact", why = "w", profiles = ["arithmetic"]}]',
          "names profiles the claim does not run on"),
+        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "sometimes"', "timing 'sometimes' is none of clocked, counted"),
+        ('[X]\nsection = "KV"\nstatement = "s"', "timing is missing"),
+        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\n'
+         'checks = [{q = "r", kind = "shape", op = ">", bound = 2.0, noise = "rounds", why = "w"}]', "its check 'r' is read from timing rounds: it is clocked"),
+        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nslow = "yes"', "slow 'yes' is not true or false"),
+        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nslwo = true', "unknown field 'slwo'"),
     ],
-    ids=["no-reason", "no-tolerance", "unknown-value", "unknown-op", "unknown-section", "unknown-profile", "check-off-the-claims-profiles"],
+    ids=["no-reason", "no-tolerance", "unknown-value", "unknown-op", "unknown-section", "unknown-profile", "check-off-the-claims-profiles",
+         "unknown-timing", "no-timing", "counted-but-noisy", "slow-not-a-bool", "misspelt-field"],
 )
 def test_malformed_registry_entries_are_rejected(entry, problem):
     with pytest.raises(RegistryError, match=problem):
         registry.parse(entry)
 
 
+def test_timing_is_declared_and_a_noise_check_implies_clocked():
+    noisy = registry.parse('[N]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nslow = true\n'
+                           'checks = [{q = "r", kind = "shape", op = ">", bound = 2.0, noise = "rounds", why = "w"}]')["N"]
+    counted = registry.parse('[C]\nsection = "KV"\nstatement = "s"\ntiming = "counted"')["C"]
+    assert (noisy.timing, noisy.slow, counted.timing, counted.slow) == ("clocked", True, "counted", False)
+    claims = registry.load()
+    assert registry.clocked_claims() == {c for c, claim in claims.items() if claim.timing == "clocked"}
+    assert {c for c, claim in claims.items() if any(k.noise for k in claim.checks)} < registry.clocked_claims()
+    assert {"EVAL-TABLE", "SPEC-EXACT-GREEDY", "KV-SPEEDUP-48"} <= registry.slow_claims() and "KV-MACS" not in registry.slow_claims()
+
+
 def test_digits_are_reported_not_asserted_off_their_profiles():
     claim = registry.parse(
-        '[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 10.0}\nruns_on = ["stand-in", "book"]\ndigits_on = ["book"]\n'
+        '[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nbook = {a = 10.0}\nruns_on = ["stand-in", "book"]\ndigits_on = ["book"]\n'
         'checks = [{q = "a", form = "rel", tol = 0.1, why = "w"}, {q = "r", kind = "shape", op = ">", bound = 1.0, why = "w"}]'
     )["X"]
     assert verdicts.judge(claim, {"a": 50.0, "r": 2.0}, "stand-in").verdict == SHAPE_HOLDS
@@ -126,7 +146,7 @@ def test_digits_are_reported_not_asserted_off_their_profiles():
 def test_a_check_with_profiles_is_judged_only_there():
     """The book against itself (arithmetic, from its printed numbers) beside a model's measurement of the same claim."""
     claim = registry.parse(
-        '[X]\nsection = "OUT"\nstatement = "s"\nbook = {total = 896, n = 100}\nruns_on = ["arithmetic", "book"]\n'
+        '[X]\nsection = "OUT"\nstatement = "s"\ntiming = "counted"\nbook = {total = 896, n = 100}\nruns_on = ["arithmetic", "book"]\n'
         'digits_on = ["arithmetic", "book"]\nchecks = [{q = "total", form = "exact", why = "w"}, '
         '{q = "n", form = "exact", why = "w", profiles = ["book"]}]'
     )["X"]
@@ -140,7 +160,7 @@ def test_a_check_with_profiles_is_judged_only_there():
 # ------------------------------------------------------------------------------------------------
 
 _KINDS = registry.parse(
-    '[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = ["twin"]\n'
+    '[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\ndigits_on = ["twin"]\n'
     'book = {exact = 12288, flag = true, rel = 10.0, abs = 1.0, more = 10.0, some = [2, 3]}\n'
     "checks = ["
     '{q = "exact", form = "exact", why = "w"}, {q = "flag", form = "exact", why = "w"},'
@@ -196,7 +216,7 @@ def test_a_perturbed_judgement_carries_its_perturbed_claim_judged_once(monkeypat
 
 
 _ERRATUM = (
-    '[E]\nsection = "BAT"\nstatement = "s"\nruns_on = ["twin", "book"]\ndigits_on = ["twin", "book"]\n'
+    '[E]\nsection = "BAT"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin", "book"]\ndigits_on = ["twin", "book"]\n'
     "book = {speedup = 1.6, other = 2.0}\n"
     'source = {speedup = {printed = "1.6x"}, other = {derived = "1.6 + 0.4", from = ["speedup"]}}\n'
     'checks = [{q = "speedup", form = "rel", tol = 0.1, why = "w"}, {q = "other", form = "rel", tol = 0.1, why = "w"},'
@@ -407,7 +427,7 @@ def test_malformed_noisy_and_searched_checks_are_rejected(check, problem):
 
 
 _PREMISE = (
-    '[P]\nsection = "BAT"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    '[P]\nsection = "BAT"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\ndigits_on = []\n'
     'checks = [{q = "pairs", kind = "shape", op = "==", bound = 0, why = "w"},'
     '{q = "premise", kind = "shape", op = "==", bound = true, measurable = true, why = "w"}]\n'
 )

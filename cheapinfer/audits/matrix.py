@@ -15,7 +15,7 @@ each cell the verdict and its deciding value (:func:`deciding`). A claim that is
 deviates (or errs) in another is a *flip* (:func:`flips`): the command exits 1 and names each.
 *Inconclusive* in one family is allowed: it decides nothing.
 
-``--stress N`` runs the clocked claims (:func:`cheapinfer.harness.claimfiles.clocked_claims`) once on the quiet machine
+``--stress N`` runs the clocked claims (:func:`cheapinfer.harness.registry.clocked_claims`) once on the quiet machine
 (or reads ``--quiet-record``), then again beside N CPU-bound processes (:func:`busy`), and prints, per
 claim, the quiet and the stressed verdict and the machine's load around each (:func:`moved`). A claim that
 is green (or inconclusive) quietly and deviates under stress exits 1: load must never be what turns a
@@ -52,27 +52,21 @@ ROOT = CHECKOUT
 # ----------------------------------------------------------------------------------------------
 
 
-def isa_claims(claims_dir: Path | None = None) -> list[str]:
+def isa_claims() -> list[str]:
     """The claims whose verdict can depend on the CPU's kernels, in the book's order: the clocked ones
     (their speed) and every claim measured on a model (its numbers come from the kernels' rounding:
     ``profiles.device_dependent``, the ``-m gpu`` selection), with a test. The book profile is left out of that
     test (it needs weights this suite cannot fetch; a claim measured only there would be *not run* in every
     family); its results in each run are skipped with their reason."""
     from ..runtime.profiles import device_dependent
-    from ..harness.claimfiles import clocked_claims, tested_ids
 
-    claims_dir = Path(claims_dir or ROOT / "claims")
-    tested, clocked = tested_ids(claims_dir), clocked_claims(claims_dir)
     return [cid for cid, c in registry.load().items()
-            if cid in tested and (cid in clocked or device_dependent(set(c.runs_on) - {"book"}))]
+            if c.timing == registry.CLOCKED or device_dependent(set(c.runs_on) - {"book"})]
 
 
-def stress_claims(claims_dir: Path | None = None) -> list[str]:
-    """The claims whose tests read a clock (``claimfiles.clocked_claims``), in the book's order."""
-    from ..harness.claimfiles import clocked_claims
-
-    clocked = clocked_claims(Path(claims_dir or ROOT / "claims"))
-    return [cid for cid in registry.load() if cid in clocked]
+def stress_claims() -> list[str]:
+    """The clocked claims (``timing = "clocked"`` in the registry), in the book's order."""
+    return [cid for cid, c in registry.load().items() if c.timing == registry.CLOCKED]
 
 
 def select(wanted: str | None, allowed: list[str], what: str) -> list[str]:

@@ -2,8 +2,8 @@
 
 - ``registry`` (the claims, their checks and errata), ``verdict`` (the pure verdict), ``record`` (a run's
   results and the fault record's vocabulary), ``schema`` (the typed records, run.json and faults.json, with
-  their versions: one schema, one reader, one validator), ``claimfiles``
-  (the one reader of the claim tests' source), ``load`` (the machine's load);
+  their versions: one schema, one reader, one validator), ``numbers`` (numbers as the registry reads and the
+  reports print them), ``load`` (the machine's load);
 - ``report`` (run.json and errata.md), ``errata`` (its errata sections), ``tables`` (Markdown building blocks);
 - ``compare`` and ``merge`` of records; ``matrix``, ``families`` and ``stress`` (``verify --isa-matrix``
   and ``--stress``); ``pytest_options`` (the options' pytest11 entry point).

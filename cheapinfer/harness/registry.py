@@ -1,51 +1,47 @@
 """The claim registry: the book's values, their tolerances, and the verdict function.
 
-``registry.toml`` (next to this file) is the single source of truth for every number the book
-prints. Each claim holds:
+``registry.toml`` (next to this file) is the single source of truth for every number the book prints. Each claim holds:
 
 - ``statement``: the book's sentence, paraphrased in English;
 - ``book``: the book's values by name, ``units`` their units;
 - ``runs_on``: the profiles the claim is measured on (``arithmetic``, ``twin``, ``stand-in``, ``book``);
 - ``digits_on``: the profiles on which the book's digits are asserted (elsewhere they are reported);
-- ``source``: for each book value, where it comes from: ``printed`` (the chapter's own text, e.g.
-  ``"67 MB"``), ``reading`` (a printed text interpreted, with ``why``) or ``derived`` (a formula, with
-  the printed values or architecture facts it uses in ``from``);
-- ``checks``: a list of checks. A *digits* check compares a measured value with ``book[q]``
-  (``form`` = ``exact`` | ``rel`` | ``abs`` with ``tol``; ``bound`` with ``op``, for a printed bound such as
-  "more than ten times"; ``one_of``, for a printed set such as "two or three"); a *shape* check compares a
-  measured value with a ``bound`` (``op`` = ``>``, ``>=``, ``<``, ``<=``, ``==``) and holds on every profile.
-  Every check says ``why`` its tolerance is what it is. A check may carry ``requires = "cuda"``:
-  then it is asserted only on a CUDA device and reported elsewhere. A check may carry ``profiles``: then
-  it is judged on those of the claim's profiles only (the book checked against itself on ``arithmetic``,
-  from its own printed numbers, beside the measurement of a model). Two kinds of shape check can leave
-  a claim *inconclusive* instead of failing it (:func:`judge`):
+- ``source``: for each book value, where it comes from: ``printed`` (the chapter's own text, e.g. ``"67 MB"``), ``reading`` (a
+  printed text interpreted, with ``why``) or ``derived`` (a formula, with the printed values or architecture facts it uses in
+  ``from``);
+- ``checks``: a list of checks. A *digits* check compares a measured value with ``book[q]`` (``form`` = ``exact`` | ``rel`` |
+  ``abs`` with ``tol``; ``bound`` with ``op``, for a printed bound such as "more than ten times"; ``one_of``, for a printed set
+  such as "two or three"); a *shape* check compares a measured value with a ``bound`` (``op`` = ``>``, ``>=``, ``<``, ``<=``,
+  ``==``) and holds on every profile. Every check says ``why`` its tolerance is what it is. A check may carry ``requires =
+  "cuda"``: then it is asserted only on a CUDA device and reported elsewhere. A check may carry ``profiles``: then it is judged on
+  those of the claim's profiles only (the book checked against itself on ``arithmetic``, from its own printed numbers, beside the
+  measurement of a model). Two kinds of shape check can leave a claim *inconclusive* instead of failing it (:func:`judge`):
 
-  - ``noise = "rounds"``: a quantity read from timing rounds. The measurement hands ``<q>`` with its
-    standard error over the rounds, ``<q>_se``; the check decides only where the margin to the bound
-    is at least :data:`NOISE_SIGMAS` standard errors (a two-sided z-test at level 0.27% under normal
-    noise), pass or fail. A margin within the noise (after the measurement's extra rounds, up to its
-    budget) decides nothing. ``noise = "steps"`` is the same test for a quantity read from one run of
-    many single steps (a real scheduler's run), whose standard error is what that run's step-time noise
-    explains (the measurement states how it propagates it).
-  - ``searched = true`` on a boolean ``== true`` check: something the claim says exists, searched for
-    over a range the measurement could afford (the range is in the measured values). Not found there
-    decides nothing: the range, not the book, ran out. A check on what was searched for (the knee's
-    gains) names that search with ``when_found = "<q>"``: where it was not found there is nothing to
-    judge, and the check is reported, not asserted. A check that tests the claim only where its premise
-    holds names the ``measurable`` check of that premise the same way (several, comma-separated, where it
-    needs each: every timing check of a clocked claim names ``device_bound``, :mod:`cheapinfer.runtime.premise`).
+  - ``noise = "rounds"``: a quantity read from timing rounds. The measurement hands ``<q>`` with its standard error over the
+    rounds, ``<q>_se``; the check decides only where the margin to the bound is at least :data:`NOISE_SIGMAS` standard errors (a
+    two-sided z-test at level 0.27% under normal noise), pass or fail. A margin within the noise (after the measurement's extra
+    rounds, up to its budget) decides nothing. ``noise = "steps"`` is the same test for a quantity read from one run of many
+    single steps (a real scheduler's run), whose standard error is what that run's step-time noise explains (the measurement
+    states how it propagates it).
+  - ``searched = true`` on a boolean ``== true`` check: something the claim says exists, searched for over a range the measurement
+    could afford (the range is in the measured values). Not found there decides nothing: the range, not the book, ran out. A check
+    on what was searched for (the knee's gains) names that search with ``when_found = "<q>"``: where it was not found there is
+    nothing to judge, and the check is reported, not asserted. A check that tests the claim only where its premise holds names the
+    ``measurable`` check of that premise the same way (several, comma-separated, where it needs each: every timing check of a
+    clocked claim names ``device_bound``, :mod:`cheapinfer.runtime.premise`).
   - ``limit = true`` on a noisy check: its bound is a physical limit. Within the noise it passes, beyond it fails.
-  - ``measurable = true`` on a boolean ``== true`` check: this device could measure what the claim is
-    about (its premise held in a probe independent of the measured system: a CPU kernel that is itself
-    faster on more rows cannot show whether batching does). False decides nothing: the device, not the
-    book, is the limit, and the measurement says why in ``<q>_why``.
-- ``erratum`` (optional; ``[[ID.erratum]]`` for several, each with its own grade and failing checks): a confirmed erratum, recorded the way ``xfail(strict=True)`` records a known
-  bug: what the book ``says``, what ``holds`` instead, the ``assumption`` under which the book's number
-  would hold, the digits checks that are documented to ``fail``, the printed values it ``stands_on``,
-  and the ``profiles`` where it is confirmed, with its ``grade`` (:data:`GRADES`: what kind of fault in the
-  text it is). An erratum about a library's API says in ``applies`` on which
-  releases it holds (``{ transformers = ">=5" }``, PEP 440 specifiers); elsewhere the claim is judged
-  without it.
+  - ``measurable = true`` on a boolean ``== true`` check: this device could measure what the claim is about (its premise held in a
+    probe independent of the measured system: a CPU kernel that is itself faster on more rows cannot show whether batching does).
+    False decides nothing: the device, not the book, is the limit, and the measurement says why in ``<q>_why``.
+- ``erratum`` (optional; ``[[ID.erratum]]`` for several, each with its own grade and failing checks): a confirmed erratum,
+  recorded the way ``xfail(strict=True)`` records a known bug: what the book ``says``, what ``holds`` instead, the ``assumption``
+  under which the book's number would hold, the digits checks that are documented to ``fail``, the printed values it
+  ``stands_on``, and the ``profiles`` where it is confirmed, with its ``grade`` (:data:`GRADES`: what kind of fault in the text it
+  is). An erratum about a library's API says in ``applies`` on which releases it holds (``{ transformers = ">=5" }``, PEP 440
+  specifiers); elsewhere the claim is judged without it.
+- ``timing``: ``"clocked"`` where the verdict reads a clock (implied by a ``noise`` check; measured alone on a quiet machine),
+  ``"counted"`` where it counts tokens, bytes or operations; ``slow = true`` where its test takes more than a minute on a 2-core
+  CPU. The plugin marks the tests from them (:func:`clocked_claims`).
 
 The verdict on a claim's measurements is :mod:`cheapinfer.harness.verdict`.
 """
@@ -60,6 +56,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
+
+from .numbers import fmt as fmt, is_number as is_number, margin_text as margin_text  # theirs; read from here too
 
 REPRODUCED = "reproduced"
 SHAPE_HOLDS = "shape holds"
@@ -107,11 +105,10 @@ SECTIONS = {
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
 _FORMS = ("exact", "rel", "abs", "bound", "one_of")
 SOURCE_KINDS = ("printed", "reading", "derived")
-
-
-def is_number(value: Any) -> bool:
-    """An int or a float, not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+CLOCKED, COUNTED = "clocked", "counted"
+TIMINGS = (CLOCKED, COUNTED)
+#: The fields of a claim's table; any other name (a misspelt ``slow``) is refused, never ignored.
+FIELDS = ("section", "statement", "book", "units", "source", "runs_on", "digits_on", "timing", "slow", "note", "checks", "erratum")
 
 
 class RegistryError(ValueError):
@@ -225,6 +222,8 @@ class Claim:
     note: str = ""
     source: Mapping[str, Source] = field(default_factory=dict)
     errata: tuple[Erratum, ...] = ()  # each documents its own failing checks, with its own grade
+    timing: str = COUNTED  # CLOCKED: the verdict reads a clock
+    slow: bool = False  # its test takes more than a minute on a 2-core CPU
 
     @property
     def erratum(self) -> Erratum | None:
@@ -237,28 +236,6 @@ class Claim:
 
     def with_book(self, **values: Any) -> "Claim":
         return replace(self, book={**self.book, **values})
-
-
-def margin_text(margin: float) -> str:
-    """A margin in standard errors as the reports print it: truncated to two decimals (2.997 is not "3.0", which
-    would read as enough to decide)."""
-    return f"{math.floor(margin * 100) / 100:.2f}" if math.isfinite(margin) else str(margin)
-
-
-def fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(fmt(v) for v in value) + "]"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value == 0 or not math.isfinite(value):
-            return str(value)
-        if abs(value) >= 1e6 or abs(value) < 1e-3:
-            return f"{value:.4g}"
-        return f"{value:.6g}"
-    return str(value)
 
 
 def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) -> Check:
@@ -378,12 +355,30 @@ def valid_id(claim_id: object) -> bool:
     return isinstance(claim_id, str) and len(claim_id) <= ID_MAX and ID_PATTERN.fullmatch(claim_id) is not None
 
 
+def _timing_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ...]) -> str:
+    """``timing``, which a noise check implies (``clocked``) and which is stated everywhere else."""
+    noisy = [c.q for c in checks if c.noise]
+    timing = raw.get("timing", CLOCKED if noisy else None)
+    if timing is None:
+        raise RegistryError(f"{claim_id}: timing is missing: \"clocked\" (its verdict reads a clock) or \"counted\" (it counts)")
+    if timing not in TIMINGS:
+        raise RegistryError(f"{claim_id}: timing {timing!r} is none of {', '.join(TIMINGS)}")
+    if noisy and timing != CLOCKED:
+        raise RegistryError(f"{claim_id}: timing {timing!r}, but its check {noisy[0]!r} is read from timing rounds: it is clocked")
+    if not isinstance(raw.get("slow", False), bool):
+        raise RegistryError(f"{claim_id}: slow {raw['slow']!r} is not true or false")
+    return timing
+
+
 def parse(text: str) -> dict[str, Claim]:
     data = tomllib.loads(text)
     claims = {}
     for claim_id, raw in data.items():
         if not valid_id(claim_id):
             raise RegistryError(f"{ascii(claim_id)}: not a claim ID (upper-case letters, digits and '.' joined by '-', at most {ID_MAX} characters)")
+        unknown = sorted(set(raw) - set(FIELDS))
+        if unknown:
+            raise RegistryError(f"{claim_id}: unknown field {', '.join(map(ascii, unknown))} (fields: {', '.join(FIELDS)})")
         section = raw.get("section")
         if section not in SECTIONS:
             raise RegistryError(f"{claim_id}: section {section!r} not in {tuple(SECTIONS)}")
@@ -407,17 +402,10 @@ def parse(text: str) -> dict[str, Claim]:
                 if w not in conditions:
                     raise RegistryError(f"{claim_id}: check {c.q!r} is measured when {w!r} holds, which no searched or measurable check of this claim names")
         claims[claim_id] = Claim(
-            id=claim_id,
-            section=section,
-            statement=raw["statement"],
-            book=book,
-            units=raw.get("units", {}),
-            runs_on=runs_on,
-            digits_on=digits_on,
-            checks=checks,
-            note=raw.get("note", ""),
-            source=source,
+            id=claim_id, section=section, statement=raw["statement"], book=book, units=raw.get("units", {}), runs_on=runs_on,
+            digits_on=digits_on, checks=checks, note=raw.get("note", ""), source=source,
             errata=_errata_from(claim_id, raw.get("erratum", ()), checks, source),
+            timing=_timing_from(claim_id, raw, checks), slow=raw.get("slow", False),
         )
     return claims
 
@@ -426,6 +414,17 @@ def parse(text: str) -> dict[str, Claim]:
 def load() -> dict[str, Claim]:
     """All claims of the chapter, keyed by ID, in the book's order."""
     return parse(resources.files("cheapinfer").joinpath("registry.toml").read_text(encoding="utf-8"))
+
+
+def clocked_claims() -> set[str]:
+    """Claims whose verdict reads a clock (``timing = "clocked"``): it can depend on the machine's load, so they are
+    measured alone on a quiet machine; the others count tokens, bytes or operations and may run two at a time."""
+    return {cid for cid, c in load().items() if c.timing == CLOCKED}
+
+
+def slow_claims() -> set[str]:
+    """Claims whose test takes more than a minute on a 2-core CPU (``slow = true``)."""
+    return {cid for cid, c in load().items() if c.slow}
 
 
 #: The exit status of a command, and of pytest (its usage error), when the registry itself is broken.

@@ -13,7 +13,7 @@ def counts() -> dict[str, int]:
     """Every count a page may state, from the registry, the claim tests and the fault catalogue."""
     from cheapinfer.faults import catalogue, core  # noqa: F401  (importing the catalogue registers its faults)
     from cheapinfer.audits import matrix
-    from cheapinfer.harness import claimfiles, registry
+    from cheapinfer.harness import registry
     from cheapinfer.runtime.profiles import device_dependent
 
     claims = registry.load()
@@ -22,8 +22,8 @@ def counts() -> dict[str, int]:
         "claims": len(claims),
         "gpu_claims": on_device,
         "arithmetic_claims": len(claims) - on_device,
-        "clocked_claims": len(claimfiles.clocked_claims()),
-        "slow_claims": len(claimfiles.slow_claims()),
+        "clocked_claims": len(registry.clocked_claims()),
+        "slow_claims": len(registry.slow_claims()),
         "isa_claims": len(matrix.isa_claims()),
         "faults": len(core.FAULTS),
         "sections": len(registry.SECTIONS),
