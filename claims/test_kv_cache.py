@@ -432,7 +432,7 @@ def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
     """KV-PREFILL-GROWS: "prefill time grows with prompt length P (time-to-first-token)"."""
     # A GPU runs short prompts at its kernel-launch floor: there the shortest length is sized from the measured floor
     # (kv.sized_prompt: its prefill takes premise.FLOOR_FACTOR floors of device time), and each next length doubles it.
-    shortest = kv.sized_prompt(twin.model, twin.device, cpu=8, start=128, limit=twin.config.max_position_embeddings // 8)
+    shortest = kv.sized_prompt(twin.model, twin.device, cpu=8, start=128, span=8)
     lengths = (8, 32, 128, 256) if twin.device.type == "cpu" else tuple(shortest.length * k for k in (1, 2, 4, 8))
     claim.note(f"shortest prompt: {shortest.why}")
     ids = kv_evidence.random_ids(max(lengths), twin.device)

@@ -18,6 +18,7 @@ from cheapinfer.runtime import device as devices, premise
 from fake_cuda import FakeCuda
 
 PER_TOKEN = 1e-4  # seconds of device work per prompt token
+FREE = 1 << 40  # bytes the simulated card has free: no bound
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +57,28 @@ def test_a_cpu_keeps_its_constant(small):
 
 def test_the_prompt_clears_the_floor_by_the_stated_factor(small, gpu):
     """The shortest start x 2^k whose prefill takes FLOOR_FACTOR floors of device time: 2 ms floor x 4 / 0.1 ms = 80 tokens -> 128."""
-    sized = kv.sized_prompt(small, gpu, cpu=4, start=16, reserve=48, timer=simulated_gpu(small, 0.002))
+    sized = kv.sized_prompt(small, gpu, cpu=4, start=16, reserve=48, timer=simulated_gpu(small, 0.002), free_bytes=FREE)
     assert sized.length == 128 and not sized.capped
     assert sized.device_s >= premise.FLOOR_FACTOR * sized.floor_s
     assert sized.floor_s == 0.002 and "launch floors" in sized.why
 
 
 def test_a_bigger_floor_gives_a_longer_prompt_bounded_by_the_context(small, gpu):
-    lengths = [kv.sized_prompt(small, gpu, cpu=4, start=16, reserve=48, timer=simulated_gpu(small, floor)).length
+    lengths = [kv.sized_prompt(small, gpu, cpu=4, start=16, reserve=48, timer=simulated_gpu(small, floor), free_bytes=FREE).length
                for floor in (0.0005, 0.002, 0.008)]
     assert lengths == sorted(lengths) and len(set(lengths)) == 3, lengths
-    capped = kv.sized_prompt(small, gpu, cpu=4, start=16, reserve=48, timer=simulated_gpu(small, 1.0))
+    capped = kv.sized_prompt(small, gpu, cpu=4, start=16, reserve=48, timer=simulated_gpu(small, 1.0), free_bytes=FREE)
     assert capped.capped and capped.length == small.config.max_position_embeddings - 48
     assert "the model's limit" in capped.why
+
+
+def test_the_prompt_is_bounded_by_the_memory_its_logits_take(small, gpu):
+    """Logits of 300 positions (256 x 4 B each) fill a quarter of the free bytes: no longer prompt, whatever the floor;
+    a claim that runs 8x the sized length (span) gets an eighth of it."""
+    free = int(300 * small.config.vocab_size * 4 / kv.LOGITS_SHARE_OF_FREE)
+    for span, top in ((1, 300), (8, 37)):
+        sized = kv.sized_prompt(small, gpu, cpu=4, start=16, reserve=48, span=span, timer=simulated_gpu(small, 1.0), free_bytes=free)
+        assert sized.capped and sized.length == top
 
 
 def test_sized_length_refuses_a_limit_below_one():

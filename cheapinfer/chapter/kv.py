@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..runtime import hf, premise, roofline, rounding
+from ..runtime import accel, hf, premise, roofline, rounding
 from ..runtime.arch import QWEN25_05B, Arch
 from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
 from ..runtime.timing import Marks, mark_name
@@ -297,18 +297,27 @@ def prefill(model, ids: torch.Tensor) -> Callable[[], object]:
     return lambda: model(ids, use_cache=True)
 
 
-def sized_prompt(model, device: torch.device | str, cpu: int, start: int, reserve: int = 0, limit: int | None = None,
-                 timer: premise.Timer | None = None) -> premise.Sized:
+#: A prompt sized on CUDA keeps its logits (one row of the vocabulary per position, as a plain forward makes them) within
+#: this share of the memory the device has free, leaving the rest to the activations, the cache and the other lengths.
+LOGITS_SHARE_OF_FREE = 0.25
+
+
+def sized_prompt(model, device: torch.device | str, cpu: int, start: int, reserve: int = 0, span: int = 1,
+                 timer: premise.Timer | None = None, free_bytes: int | None = None) -> premise.Sized:
     """The prompt length of a clocked claim. On a CPU ``cpu``, as before (nothing is measured). On CUDA (or with a
     ``timer``, a test's simulated device) it is sized from the launch floor (:func:`premise.sized_length`): the floor
     is the host's enqueue time of one decode step after an 8-token prefill, each candidate's step the prefill of that
-    many tokens (one forward over them, as an uncached step is), from ``start`` doubling up to ``limit`` (default:
-    the model's context, ``max_position_embeddings``, less the ``reserve`` tokens the claim generates after it)."""
+    many tokens (one forward over them, as an uncached step is), from ``start`` doubling. At most the model's context
+    (``max_position_embeddings``) less the ``reserve`` tokens the claim generates after it, and the length whose logits
+    fill :data:`LOGITS_SHARE_OF_FREE` of ``free_bytes`` (default: what the device has free), each over ``span``
+    (the claim runs lengths up to ``span`` times the one sized here)."""
     if timer is None and torch.device(device).type != "cuda":
         return premise.Sized(cpu, 0.0, 0.0, False, f"{cpu} tokens on {device}: the host runs the step itself, with no launch floor to clear")
-    top = model.config.max_position_embeddings - reserve if limit is None else min(limit, model.config.max_position_embeddings - reserve)
-    at = next(model.parameters()).device
-    ids = torch.randint(0, min(32_000, model.config.vocab_size), (1, top), generator=torch.Generator().manual_seed(0)).to(at)
+    p = next(model.parameters())
+    free = accel.available_memory(device) if free_bytes is None else free_bytes
+    by_memory = int(LOGITS_SHARE_OF_FREE * free) // (model.config.vocab_size * p.element_size())
+    top = min(model.config.max_position_embeddings - reserve, by_memory) // span
+    ids = torch.randint(0, min(32_000, model.config.vocab_size), (1, max(top, 8)), generator=torch.Generator().manual_seed(0)).to(p.device)
     floor = premise.launch_floor(step_after_prefill(model, ids[:, :8]), device, timer=timer)
     return premise.sized_length(lambda n: prefill(model, ids[:, :n]), device, floor, start, top, timer=timer)
 
