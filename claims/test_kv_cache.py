@@ -9,8 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from cheapinfer.harness import registry
 from cheapinfer.runtime import accel, models, plots, roofline, rounding, timing
-from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs
+from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs, kv_memory
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
 from cheapinfer.testing import on_profiles
@@ -237,6 +238,8 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
     total, prompt = 256, 16
     dtype = models.claim_dtype("gpu-half", device)
     model = twin_factory(dtype).model
+    # what each peak holds, on every device: the tensors live at each generation's largest step (kv_memory.PeakParts)
+    peaks = kv_memory.generation_peaks(model, total, prompt)
     if device.type == "cuda":
         ids = kv_evidence.random_ids(prompt, device)
         uncached = kv.peak_above_resident(lambda: kv.greedy_uncached(model, ids, total - prompt), device)
@@ -245,24 +248,19 @@ def test_uncached_generation_needs_8x_the_memory(claim, twin_factory, device):
         how = f"{dtype} twin on {device}: whole generations ({prompt}-token prompt to {total} tokens), torch.cuda.max_memory_allocated minus memory_allocated before"
     else:
         # fp16 matmuls on a CPU are ~15x slower than fp32; bytes scale alike, so the ratio is taken in fp32 (the rule "gpu-half").
-        # Each generation's peak is at its largest step: the uncached step that yields token 256 (a
-        # forward over 255 tokens, run as the last of two steps of the suite's uncached generation), and
-        # for the cache the prefill or a step against a 255-token cache (which stays resident).
-        ids = kv_evidence.random_ids(total - 2, device)
+        uncached, cached = peaks["uncached_bytes"], peaks["cached_bytes"]
         with torch.inference_mode():
-            uncached = kv.last_step_peak(kv.greedy_uncached, model, ids, 2, device)
-            prefill_peak = kv.peak_above_resident(lambda: kv.greedy_cached(model, ids[:, :prompt], 1), device)
             cache = kv.random_cache(model.config, total - 1, next(model.parameters()).dtype, device)
-            step_peak = kv.peak_above_resident(kv.decode_step(model, cache, total - 1), device)
             evidence = kv_evidence.decode_step_evidence(model, cache, total - 1)
-        cached = max(prefill_peak, kv.dynamic_cache_bytes(cache) + step_peak)
         how = (f"{dtype} twin on {device}: live tensor bytes (LivePeak) at each generation's largest step: uncached = the step that yields "
-               f"token {total}; cached = max(prefill of {prompt}, {total - 1}-token cache + one step)")
-    claim.note(how)
-    claim.note(f"cached side: {kv_evidence.describe(evidence)}")
+               f"token {total}; cached = max(prefill of {prompt}, one step against a {total - 1}-token cache counted as live)")
     claim.table("Peak memory above resident weights, 256 tokens", ["generation", "peak MiB"],
                 [["uncached", f"{uncached / MIB:.2f}"], ["cached", f"{cached / MIB:.2f}"], ["uncached / cached", f"{uncached / cached:.2f}"]])
-    claim.verify("twin", ratio=uncached / cached, uncached_bytes=uncached, cached_bytes=cached, cache_grows_by_one=evidence["cache_grows_by_one"])
+    claim.table(*kv_memory.parts_table(peaks))
+    parts, said = kv_memory.reported(peaks, registry.get("KV-MEMORY-8.3X").book["ratio"])
+    for line in (how, f"cached side: {kv_evidence.describe(evidence)}", said):
+        claim.note(line)
+    claim.verify("twin", ratio=uncached / cached, uncached_bytes=uncached, cached_bytes=cached, cache_grows_by_one=evidence["cache_grows_by_one"], **parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -276,10 +274,10 @@ def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
     """KV-SPEEDUP-48: "uncached vs cached generation of 48 tokens: 9x faster cached"."""
     # 4 tokens on a CPU keep the uncached run (48 forwards over 4..51 tokens) near half a minute on 2
     # cores, and arithmetic per token already counts there. A GPU runs forwards of a few dozen tokens at
-    # its launch floor, where recomputation costs what a cached step does: 1,024 prompt tokens put the
-    # uncached forwards in the compute-bound regime the cost model (the check's why) describes.
+    # its launch floor, where recomputation costs what a cached step does: there the prompt is sized from it (kv.sized_prompt).
     new, marks, rounds = 48, (1, 6, 12, 24, 48), 3
-    ids = kv_evidence.random_ids(4 if profile.device.type == "cpu" else 1024, profile.device)
+    prompt = kv.sized_prompt(profile.model, profile.device, cpu=4, start=256, reserve=new)  # its why is noted below
+    ids = kv_evidence.random_ids(prompt.length, profile.device)
     kv.greedy_cached(profile.model, ids, 2)  # warm-up, once, outside the clock
     # Each round times one whole generation of each kind; the time to token k of it is the series "<kind>@k".
     variants = {name: kv.marked_generation(generate, profile.model, ids, new, marks, profile.device)
@@ -292,10 +290,10 @@ def test_cached_generation_of_48_tokens_is_faster(claim, profile, timed):
                 f"{len(samples['cached'].seconds)} interleaved rounds)", ["T", "uncached s", "cached s", "speedup"],
                 [[k, f"{at[k]['uncached']:.3f}", f"{at[k]['cached']:.3f}", f"{at[k]['uncached'] / at[k]['cached']:.2f}"] for k in marks])
     evidence = kv_evidence.generation_evidence(profile.model, ids, 4)
-    claim.note(f"the cached generation, traced over 4 tokens: {kv_evidence.describe(evidence)}")
+    claim.note(f"prompt: {prompt.why}; the cached generation, traced over 4 tokens: {kv_evidence.describe(evidence)}")
     claim.note(describe_timed(samples, f"generation of {new} tokens"))
     claim.verify(profile.name, **timing.measured(timing.estimates(samples, kv.speedup_quantities)), rounds=len(samples["cached"].seconds),
-                 **timed_forwards(samples), **kv_evidence.cache_use(evidence))
+                 **timed_forwards(samples), **kv_evidence.cache_use(evidence), **prompt.measured("prompt_tokens"))
 
 
 @pytest.mark.claim("KV-HEAD-TIMING")
@@ -431,10 +429,13 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
 @pytest.mark.claim("KV-PREFILL-GROWS")
 def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
     """KV-PREFILL-GROWS: "prefill time grows with prompt length P (time-to-first-token)"."""
-    # A GPU runs short prompts at its kernel-launch floor: give it a range where arithmetic shows.
-    lengths = (8, 32, 128, 256) if twin.device.type == "cpu" else (8, 128, 1024, 4096)
+    # A GPU runs short prompts at its kernel-launch floor: there the shortest length is sized from the measured floor
+    # (kv.sized_prompt: its prefill takes premise.FLOOR_FACTOR floors of device time), and each next length doubles it.
+    shortest = kv.sized_prompt(twin.model, twin.device, cpu=8, start=128, span=8)
+    lengths = (8, 32, 128, 256) if twin.device.type == "cpu" else tuple(shortest.length * k for k in (1, 2, 4, 8))
+    claim.note(f"shortest prompt: {shortest.why}")
     ids = kv_evidence.random_ids(max(lengths), twin.device)
-    kv.prefill(twin.model, ids[:, :8])()  # warm-up outside the clock
+    [kv.prefill(twin.model, ids[:, :P])() for P in (lengths if twin.device.type == "cuda" else lengths[:1])]  # warm-up (CUDA: every shape)
     quantities = lambda t: kv.prefill_growth([t[f"P={P}"] for P in lengths])  # noqa: E731  one set of times -> growth, worst_drop
     samples = timed({f"P={P}": kv.prefill(twin.model, ids[:, :P]) for P in lengths}, rounds=3, warmup=0, quantities=quantities,
                     forwards_of=twin.model)
@@ -445,4 +446,4 @@ def test_prefill_time_grows_with_prompt_length(claim, twin, timed):
     claim.figure("kv-prefill-vs-prompt", plots.lines(lengths, {"prefill": ms}, "prompt length P (tokens)", "ms", "Prefill vs prompt length (twin)", zero=True))
     claim.note(describe_timed(samples, "prefill"))
     claim.verify("twin", **timing.measured(timing.estimates(samples, quantities)), rounds=len(samples[f"P={lengths[0]}"].seconds),
-                 **timed_forwards(samples))
+                 **timed_forwards(samples), **shortest.measured("shortest_prompt_tokens"))

@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..runtime import hf, roofline, rounding
+from ..runtime import accel, hf, premise, roofline, rounding
 from ..runtime.arch import QWEN25_05B, Arch
 from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
 from ..runtime.timing import Marks, mark_name
@@ -297,6 +297,31 @@ def prefill(model, ids: torch.Tensor) -> Callable[[], object]:
     return lambda: model(ids, use_cache=True)
 
 
+#: A prompt sized on CUDA keeps its logits (one row of the vocabulary per position, as a plain forward makes them) within
+#: this share of the memory the device has free, leaving the rest to the activations, the cache and the other lengths.
+LOGITS_SHARE_OF_FREE = 0.25
+
+
+def sized_prompt(model, device: torch.device | str, cpu: int, start: int, reserve: int = 0, span: int = 1,
+                 timer: premise.Timer | None = None, free_bytes: int | None = None) -> premise.Sized:
+    """The prompt length of a clocked claim. On a CPU ``cpu``, as before (nothing is measured). On CUDA (or with a
+    ``timer``, a test's simulated device) it is sized from the launch floor (:func:`premise.sized_length`): the floor
+    is the host's enqueue time of one decode step after an 8-token prefill, each candidate's step the prefill of that
+    many tokens (one forward over them, as an uncached step is), from ``start`` doubling. At most the model's context
+    (``max_position_embeddings``) less the ``reserve`` tokens the claim generates after it, and the length whose logits
+    fill :data:`LOGITS_SHARE_OF_FREE` of ``free_bytes`` (default: what the device has free), each over ``span``
+    (the claim runs lengths up to ``span`` times the one sized here)."""
+    if timer is None and torch.device(device).type != "cuda":
+        return premise.Sized(cpu, 0.0, 0.0, False, f"{cpu} tokens on {device}: the host runs the step itself, with no launch floor to clear")
+    p = next(model.parameters())
+    free = accel.available_memory(device) if free_bytes is None else free_bytes
+    by_memory = int(LOGITS_SHARE_OF_FREE * free) // (model.config.vocab_size * p.element_size())
+    top = min(model.config.max_position_embeddings - reserve, by_memory) // span
+    ids = torch.randint(0, min(32_000, model.config.vocab_size), (1, max(top, 8)), generator=torch.Generator().manual_seed(0)).to(p.device)
+    floor = premise.launch_floor(step_after_prefill(model, ids[:, :8]), device, timer=timer)
+    return premise.sized_length(lambda n: prefill(model, ids[:, :n]), device, floor, start, top, timer=timer)
+
+
 def parameter_bytes(model) -> int:
     """Bytes of every distinct parameter (a tied embedding counted once): what the model holds in memory. What a
     decode step reads of them is :func:`cheapinfer.runtime.roofline.streamed_bytes` (one row of an untied embedding)."""
@@ -317,20 +342,3 @@ def decode_bytes(model, batch: int, context: int) -> int:
     config, p = model.config, next(model.parameters())
     per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config_head_dim(config), p.element_size())
     return roofline.streamed_bytes(model) + batch * context * per_token
-
-
-def last_step_peak(generate: Callable, model, ids: torch.Tensor, new_tokens: int, device: torch.device | str) -> int:
-    """Peak bytes of the last step of ``generate(model, ids, new_tokens, on_step)`` above what was live
-    when it began (the earlier steps' tensors that are still held count as resident). CPU only
-    (:class:`LivePeak`); the step boundary is ``on_step(new_tokens - 1)``."""
-    if torch.device(device).type == "cuda":
-        raise ValueError("last_step_peak reads live tensor bytes; on CUDA time whole generations with peak_above_resident")
-    base = {}
-
-    with LivePeak() as tracker:
-        def on_step(k: int) -> None:
-            if k == new_tokens - 1:
-                base["live"] = tracker.restart()
-
-        generate(model, ids, new_tokens, on_step)
-    return tracker.peak - base.get("live", 0)

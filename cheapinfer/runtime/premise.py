@@ -108,3 +108,63 @@ def device_bound(steps: Mapping[str, Callable[[], object]], device: torch.device
     else:
         why = f"device-bound on {device}: the host's enqueue time is at most {HOST_SHARE:g} of the device's time (medians of {rounds} calls: {numbers})"
     return Premise(not host, found, why)
+
+
+# ------------------------------------------------------------------------------------------------
+# sizing a step from the launch floor (CUDA): the premise made to hold by the step's size, not assumed of a constant
+# ------------------------------------------------------------------------------------------------
+
+#: A step sized from the launch floor must take at least this many floors of device time. Its enqueue time is about one
+#: floor (a longer prompt launches the same kernels), so its host share is then at most 1 / FLOOR_FACTOR: half of
+#: :data:`HOST_SHARE`, the premise met with a factor of two to spare for the floor's own noise.
+FLOOR_FACTOR = 2 / HOST_SHARE
+
+
+def launch_floor(step: Callable[[], object], device: torch.device | str, rounds: int = ROUNDS, timer: Timer | None = None) -> float:
+    """The host's launch floor on ``device``: the median seconds the host takes to enqueue ``step``, a step too small to
+    keep the device busy (one decode step of batch 1: every kernel of the model launched once, each on a row)."""
+    timer = timer or enqueue_and_device
+    with torch.inference_mode():
+        step()  # warm-up, as in device_bound
+        return statistics.median(timer(step, torch.device(device))[0] for _ in range(rounds))
+
+
+@dataclass
+class Sized:
+    """A length chosen from the launch floor: the step at ``length`` took ``device_s`` of device time against ``floor_s``."""
+
+    length: int
+    floor_s: float
+    device_s: float
+    capped: bool  # the limit came first: the step is as long as the model allows, and the premise decides the rest
+    why: str
+
+    def measured(self, name: str) -> dict[str, object]:
+        return {f"{name}": self.length, f"{name}_floor_s": self.floor_s, f"{name}_device_s": self.device_s, f"{name}_why": self.why}
+
+
+def sized_length(make_step: Callable[[int], Callable[[], object]], device: torch.device | str, floor: float, start: int, limit: int,
+                 factor: float = FLOOR_FACTOR, rounds: int = 3, timer: Timer | None = None) -> Sized:
+    """The shortest length ``start`` x 2^k, at most ``limit`` (the model's context, less what the claim generates after
+    it), whose step ``make_step(length)`` takes at least ``factor`` x ``floor`` seconds of device time (median of
+    ``rounds`` calls after a warm-up). Where the limit comes first, the limit (``capped``): the step is then as long as
+    the model allows, and the claim's premise (:func:`device_bound`) says whether that is enough."""
+    if limit < 1:
+        raise ValueError(f"sized_length: no length fits below a limit of {limit}")
+    timer, device = timer or enqueue_and_device, torch.device(device)
+    length = min(start, limit)
+    while True:
+        step = make_step(length)
+        with torch.inference_mode():
+            step()
+            took = statistics.median(timer(step, device)[1] for _ in range(rounds))
+        if took >= factor * floor or length >= limit:
+            break
+        length = min(2 * length, limit)
+    capped = took < factor * floor
+    why = (f"{length} tokens: the shortest of {start} x 2^k whose step takes at least {factor:g} launch floors of device time "
+           f"({took * 1e3:.3g} ms against a floor of {floor * 1e3:.3g} ms, the host's enqueue time of one decode step)")
+    if capped:
+        why = (f"{length} tokens, the model's limit: its step takes {took * 1e3:.3g} ms of device time, under {factor:g} launch floors "
+               f"of {floor * 1e3:.3g} ms; the premise decides whether the claim can be judged")
+    return Sized(length, floor, took, capped, why)

@@ -8,7 +8,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ...chapter import asides, kv, kv_listing, kv_macs
+from ...chapter import asides, kv, kv_listing, kv_macs, kv_memory
 from ...runtime import accel, hf
 from ..base import CONSTANT, DISABLED, RULE, fault, patched
 from .common import replaying_steps
@@ -133,6 +133,18 @@ def _kv_forward_keeps_last_logits_only():
         return model(seq, use_cache=False, logits_to_keep=1).logits[:, -1:].argmax(-1)
 
     with patched(kv, "uncached_next", last_only):
+        yield
+
+
+@fault(
+    "kv-breakdown-tags-hidden-state",
+    section="KV",
+    kind=RULE,
+    targets=("KV-MEMORY-8.3X",),
+    what="the peak's breakdown hooks the model's last norm for the logits (the hidden state the head reads, one module early), so the bytes it calls logits are the 896-wide hidden rows, not the 151,936-wide logit rows",
+)
+def _kv_breakdown_tags_hidden_state():
+    with patched(kv_memory, "logits_module", lambda model: model.base_model.norm):
         yield
 
 
