@@ -167,3 +167,14 @@ def test_at_least_one_level_and_a_group_scheme_short_of_exact():
     assert min(outliers.int8_report(h).dim_levels) >= 1
     tensor, g128 = (quant_error.relative_error(w, s) for s in ("int4-tensor", "int4-g128"))
     assert 0 < 1 - g128 / tensor < _bound("Q-ROW-3.4", "gap_recovered", "<") == 1.0
+
+
+def test_the_speedup_and_peak_floors_are_their_derivations():
+    """SPEC-SLOWDOWN's speedup >= 1 / (gamma c + 1) (a pass keeps at least the target's token), rounded down; and
+    FLASH-NO-SCORES' peak >= the call's output over the scores, in the narrower of its two dtypes (fp16 on CUDA)."""
+    b = registry.get("SPEC-SLOWDOWN").book
+    floor = 1 / (b["gamma"] * b["c"] + 1)
+    bound = _bound("SPEC-SLOWDOWN", "speedup", ">=")
+    assert floor - 1e-4 <= bound <= floor
+    n, d = registry.get("KV-SCORES-BYTES").book["n"], 64
+    assert _bound("FLASH-NO-SCORES", "fused_peak_over_scores", ">=") == n * d * 2 / (n * n * 4)
