@@ -178,3 +178,16 @@ def test_the_speedup_and_peak_floors_are_their_derivations():
     assert floor - 1e-4 <= bound <= floor
     n, d = registry.get("KV-SCORES-BYTES").book["n"], 64
     assert _bound("FLASH-NO-SCORES", "fused_peak_over_scores", ">=") == n * d * 2 / (n * n * 4)
+
+
+def test_the_gain_before_the_knee_reads_the_book_curve_and_its_fault_passes_the_2x():
+    """BAT-KNEE's gain_before_on_book_curve: 1.9 on the known curve, on every machine; the fault that reads the steepest
+    doubling over two doublings gives 1.9^2 there, beyond gain_before_knee's limit of 2."""
+    from cheapinfer.chapter import knee
+    from cheapinfer.faults import catalogue  # noqa: F401  (registers the faults)
+    from cheapinfer.faults.core import FAULTS
+
+    bound = next(c.bound for c in registry.get("BAT-KNEE").checks if c.q == "gain_before_on_book_curve")
+    assert knee.gain_before_on_book_curve(16, 1.09) == bound == 1.9
+    with FAULTS["knee-gain-before-over-two-doublings"].activate():
+        assert knee.gain_before_on_book_curve(16, 1.09) == pytest.approx(1.9**2) and 1.9**2 > _bound("BAT-KNEE", "gain_before_knee", "<=")
