@@ -191,3 +191,27 @@ def test_the_gain_before_the_knee_reads_the_book_curve_and_its_fault_passes_the_
     assert knee.gain_before_on_book_curve(16, 1.09) == bound == 1.9
     with FAULTS["knee-gain-before-over-two-doublings"].activate():
         assert knee.gain_before_on_book_curve(16, 1.09) == pytest.approx(1.9**2) and 1.9**2 > _bound("BAT-KNEE", "gain_before_knee", "<=")
+
+
+def test_the_byte_floors_hold_on_the_real_layouts_and_their_fault_undercounts_below_them():
+    """Q-BYTES-SPEED's floors on a two-layer twin: the int8 and int4 kernels' streamed bytes over the bf16 model's lie
+    between the floors and the upper bounds; the fault that counts 8-bit tensors as packed nibbles puts them below the
+    floors while the upper bounds still pass (the other side is what sees it)."""
+    from cheapinfer.chapter import lowbit
+    from cheapinfer.faults import catalogue  # noqa: F401  (registers the faults)
+    from cheapinfer.faults.core import FAULTS
+    from cheapinfer.runtime import models, roofline
+
+    twin = models.twin("bf16", num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)
+    low = {n: lowbit.variant(twin.model, n, random_codes=True) for n in ("int8", "int4")}
+
+    def ratios():
+        base = roofline.streamed_bytes(twin.model)
+        return {n: roofline.streamed_bytes(m) / base for n, m in low.items()}
+
+    floor = {"int8": _bound("Q-BYTES-SPEED", "bytes_ratio_8bit", ">="), "int4": _bound("Q-BYTES-SPEED", "bytes_ratio_4bit", ">=")}
+    upper = {"int8": _bound("Q-BYTES-SPEED", "bytes_ratio_8bit", "<="), "int4": _bound("Q-BYTES-SPEED", "bytes_ratio_4bit", "<=")}
+    assert all(floor[n] <= r <= upper[n] for n, r in ratios().items()), ratios()
+    with FAULTS["roofline-int8-counted-as-nibbles"].activate():
+        under = ratios()
+    assert all(r < floor[n] for n, r in under.items()) and all(r <= upper[n] for n, r in under.items()), under
