@@ -323,7 +323,7 @@ def test_a_value_first_measured_when_a_search_succeeds_is_a_change_not_a_regress
         rec = Recorder()
         measured = {"knee_found": found, "knee_latency_gain": gain if found else float("nan"), "knee_latency_gain_se": 0.01,
                     "gain_before_knee": 2.0 if found else float("nan"), "gain_before_knee_se": 0.01, "knee_batch": knee_batch,
-                    "knee_rule_on_book_curve": 16, "knee_searched_up_to": 512, "knee_search_complete": True, "knee_skipped_doublings": 0,
+                    "knee_rule_on_book_curve": 16, "gain_before_on_book_curve": 1.9, "knee_searched_up_to": 512, "knee_search_complete": True, "knee_skipped_doublings": 0,
                     "throughput_gain_16_32": gain_16_32, "latency_gain_16_32": 1.8, "cache_grows_by_fed": True, "logit_change_vs_no_context": 1.0,
                     "timed_forwards": 1, "timed_forwards_max": 1, "history_tokens": [64, 64]}
         rec.verify("BAT-KNEE", "twin", "cpu", measured)

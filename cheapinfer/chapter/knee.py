@@ -127,13 +127,23 @@ def knee_on_book_curve(book_from: int, book_gain: float, gain_before: float = 1.
     finds no knee. BAT-KNEE runs it on every machine: a rule that stops after its first doubling or looks past
     the knee is red whatever range the measured curve could afford, where the measured search alone would end
     *inconclusive* at its budget."""
+    return knee(_book_curve(book_from, book_gain, gain_before), threshold, sigmas) or 0
+
+
+def gain_before_on_book_curve(book_from: int, book_gain: float, gain_before: float = 1.9, threshold: float = 1.25, sigmas: float = 3.0) -> float:
+    """The gain before the knee as :func:`knee_summary` reads it, on the curve of :func:`knee_on_book_curve`: must be
+    ``gain_before`` (every doubling before the knee gains it), on every machine."""
+    return knee_summary(_book_curve(book_from, book_gain, gain_before), threshold, sigmas).gain_before
+
+
+def _book_curve(book_from: int, book_gain: float, gain_before: float) -> list["Doubling"]:
     found, b = [], 1
     while b <= book_from:
         gain = book_gain if b == book_from else gain_before
         se = 0.01 * gain
         found.append(Doubling(b, 2 * b, gain, se, 2 / gain, 2 * se / gain**2, 5))
         b *= 2
-    return knee(found, threshold, sigmas) or 0
+    return found
 
 
 @dataclass(frozen=True)

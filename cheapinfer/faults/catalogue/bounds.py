@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ...chapter import knee, outliers, quant, quant_error
-from ...runtime import roofline
+from ...chapter import knee, outliers, quant, quant_error, speculative
+from ...runtime import accel, roofline
 from ..base import CONSTANT, DISABLED, RULE, fault, patched
 
 
@@ -120,4 +120,34 @@ def _knee_gain_before_over_two_doublings():
                        gain_before_se=math.hypot(k.gain_before_se * nxt.gain, nxt.gain_se * k.gain_before))
 
     with patched(knee, "knee_summary", summary):
+        yield
+
+
+@fault(
+    "spec-target-charged-per-proposal",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-SLOWDOWN", "SPEC-SPEEDUP"),
+    what="each proposal is charged a target pass besides its draft pass, E / (gamma (c + 1)) instead of E / (gamma c + 1): every speedup falls, and 'slower' holds all the more",
+)
+def _spec_target_per_proposal():
+    with patched(speculative, "speedup", lambda alpha, gamma, c: speculative.expected_tokens(alpha, gamma) / (gamma * (c + 1.0))):
+        yield
+
+
+@fault(
+    "live-peak-skips-storages-up-to-a-mib",
+    section="ASIDE",
+    kind=CONSTANT,
+    targets=("FLASH-NO-SCORES",),
+    what="the live-tensor peak skips every storage of at most 1 MiB (a threshold meant for the dispatcher's scalars), so an attention call whose output is 1 MiB creates nothing it counts",
+)
+def _live_peak_skips_small():
+    real = accel.LivePeak._track
+
+    def track(self, t, input_storages):
+        if t.untyped_storage().nbytes() > 2**20:
+            real(self, t, input_storages)
+
+    with patched(accel.LivePeak, "_track", track):
         yield
