@@ -178,7 +178,7 @@ def _cheapinfer(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subpro
 
 def test_an_unknown_command_is_one_line_naming_the_valid_ones():
     line = _one_line(_cheapinfer("nope"), 2)
-    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, engine, errata, gpu-check; "
+    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, isa, stress, engine, errata, gpu-check; "
                     "python -m cheapinfer --help says what each does)")
 
 

@@ -379,9 +379,9 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
         restore(previous)
 
 
-def isa_main(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner) -> int:
-    """``verify --isa-matrix``: 0 when no claim flips, 1 when one does (or a family wrote no record)."""
-    prog = "cheapinfer verify --isa-matrix"
+def isa_main(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner,
+             prog: str = "cheapinfer verify --isa-matrix") -> int:
+    """``cheapinfer isa``: 0 when no claim flips, 1 when one does (or a family wrote no record)."""
 
     def body() -> int:
         m = isa_matrix(claims, families, report_dir, command, run)

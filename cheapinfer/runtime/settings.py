@@ -1,9 +1,8 @@
-"""What the commands of ``python -m cheapinfer`` and the pytest plugin share: one-line usage errors, and the
-settings they check before any work (imports nothing heavy: no torch)."""
+"""The settings the commands and the pytest plugin check before any work (imports nothing heavy: no torch), and what
+they share: a yes/no variable read strictly, text shown safely, a child pytest's environment, SIGTERM as an exception."""
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Mapping
 
@@ -11,47 +10,6 @@ from typing import Mapping
 TIMING_THREADS_VARIABLE = "CHEAPINFER_TIMING_THREADS"
 #: Its upper bound: more threads than the largest CPUs have cores (a few hundred) oversubscribe, and time that.
 MAX_TIMING_THREADS = 1024
-
-
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line (``prog: error: message``), exit status 2.
-
-    argparse's own error prints the whole usage first; ``--help`` still prints it.
-    """
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def nonempty(text: str) -> str:
-    """An option's value that must say something (argparse type): an empty value is not the default."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty (leave the option out for its default)")
-    return text
-
-
-def path_arg(text: str):
-    """A path argument (argparse type): an empty path is refused, never taken for the current directory."""
-    from pathlib import Path
-
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path names no file (it is not the current directory)")
-    return Path(text)
-
-
-def bounded_count(what: str, low: int, high: int, why: str):
-    """An argparse type: an integer from ``low`` to ``high``; ``why`` says where the upper bound comes from."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number of {what}, not {text!r}") from None
-        if not low <= n <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high} {what} ({why}), not {n}")
-        return n
-
-    return parse
 
 
 #: What a yes/no environment variable may say, in either case.
@@ -76,24 +34,6 @@ def printable(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
-
-
-def finite_number(what: str, positive: bool, hint: str = ""):
-    """An argparse type: a finite number ``> 0`` (``positive``) or ``>= 0``, called ``what`` in the error (``hint``:
-    what it means, said when it is out of range)."""
-    import math
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None
-        if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-            bound = f"{'>' if positive else '>='} 0" + (f" ({hint})" if hint else "")
-            raise argparse.ArgumentTypeError(f"must be a finite {what.removeprefix('a ').removeprefix('an ')} {bound}, not {text}")
-        return value
-
-    return parse
 
 
 def timing_threads(environ: Mapping[str, str] = os.environ) -> int:
