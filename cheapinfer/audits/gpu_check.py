@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import CHECKOUT
-from ..runtime.settings import child_environment
+from .launch import child_environment
 
 RECORD_NAME = "gpu-check.json"
 #: Every download refused: the suite's artifacts and Hugging Face's.

@@ -1,9 +1,15 @@
-"""Launching the suite's pytest in a child process, as the commands do: to its end, Ctrl-C passed on."""
+"""Launching the suite's pytest in a child process, as the commands do (to its end, Ctrl-C passed on), and the one
+interrupt wrapper of the commands that start others: Ctrl-C is exit 130, SIGTERM 143 (SIGHUP 129), one line each,
+the children stopped and their temporary folders removed on the way out.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
+from typing import Callable, Mapping
 
 
 class _Interrupt(Exception):
@@ -48,3 +54,68 @@ def run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
                 raise
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+#: What an xdist worker puts in its environment: a pytest started from it (a child run of the suite) would
+#: take itself for a worker too, and pytest-benchmark would then time nothing.
+_XDIST_PREFIX = "PYTEST_XDIST_"
+
+
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``environ`` (default: this process's) for a child pytest run, a session of its own: without the
+    variables of the xdist worker this process may be (the suite's own checks run under ``pytest -n 2 tests``)."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith(_XDIST_PREFIX)}
+
+
+class Terminated(Exception):
+    """SIGTERM reached a command that runs others (``faults``, ``verify --isa-matrix``): it cleans up and exits."""
+
+
+def terminate(signum, frame) -> None:
+    """A SIGTERM (or SIGHUP) handler that raises :class:`Terminated` once, carrying the signal's number."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # one is enough: a second must not break the cleanup
+    raise Terminated(signum)
+
+
+def _stop_signals() -> tuple[int, ...]:
+    return tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+#: The signals that stop a command which starts others: SIGTERM, and SIGHUP (its terminal closed), both cleaned up.
+STOP_SIGNALS = _stop_signals()
+
+
+def on_stop(handler) -> dict[int, object]:
+    """Install ``handler`` for every signal of :data:`STOP_SIGNALS`; the previous handlers, for :func:`restore`."""
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+
+
+def restore(previous: dict[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+class Interrupted(Exception):
+    """Ctrl-C ended a claims run: nothing more starts (its message says what the run kept)."""
+
+
+def interruptible(body: Callable[[], int], say: Callable[[str, str | None], str]) -> int:
+    """``body()``, with Ctrl-C and SIGTERM (SIGHUP) as one line on stderr and exit 130 / 143 (129): whatever ``body``
+    started is stopped on the way out, by the ``finally`` blocks the exception passes. ``say(how, kept)``: the line,
+    ``how`` "interrupted" or "terminated (SIGTERM)", ``kept`` what an :class:`Interrupted` run kept (else None)."""
+    previous = on_stop(terminate)  # SIGTERM and SIGHUP (the terminal closed) alike
+    try:
+        return body()
+    except Interrupted as exc:
+        print(say("interrupted", str(exc)), file=sys.stderr)
+        return 128 + signal.SIGINT
+    except KeyboardInterrupt:
+        print(say("interrupted", None), file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Terminated as exc:
+        sig = signal.Signals(exc.args[0] if exc.args else signal.SIGTERM)
+        print(say(f"terminated ({sig.name})", None), file=sys.stderr)
+        return 128 + sig
+    finally:
+        restore(previous)

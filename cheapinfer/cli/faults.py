@@ -27,23 +27,11 @@ def _faults_arguments(p: Parser) -> None:
 
 def _faults(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     """SIGTERM stops the fault runs, removes their temporary directory, exit 143."""
-    import signal
-    import sys
-
     from ..audits.faults import faults_main
-    from ..runtime.settings import Terminated, on_stop, restore, terminate
+    from ..audits.launch import interruptible
 
-    previous = on_stop(terminate)  # SIGTERM and SIGHUP (the terminal closed) alike
-    try:
-        return faults_main(p, args)
-    except (Terminated, KeyboardInterrupt) as exc:
-        sig = signal.Signals((exc.args[0] if exc.args else signal.SIGTERM) if isinstance(exc, Terminated) else signal.SIGINT)
-        print(f"cheapinfer faults: {'interrupted' if sig == signal.SIGINT else f'terminated ({sig.name})'}: the running fault runs "
-              "were stopped and their temporary directory removed; nothing was written", file=sys.stderr)
-        return 128 + sig
-    finally:
-        restore(previous)
-
+    return interruptible(lambda: faults_main(p, args), lambda how, kept: f"cheapinfer faults: {how}: the running fault runs were stopped and "
+                         "their temporary directory removed; nothing was written")
 
 
 COMMANDS = {

@@ -107,7 +107,7 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
         args.busy = args.stress
         return _stress(p, args, rest, prog="cheapinfer verify --stress")
     from ..harness import report, schema, tables
-    from ..runtime.settings import child_environment
+    from ..audits.launch import child_environment
 
     device = _device(args.device)
     if device is None:

@@ -1,5 +1,5 @@
 """The settings the commands and the pytest plugin check before any work (imports nothing heavy: no torch), and what
-they share: a yes/no variable read strictly, text shown safely, a child pytest's environment, SIGTERM as an exception."""
+they share: a yes/no variable read strictly, and text shown safely."""
 
 from __future__ import annotations
 
@@ -47,51 +47,3 @@ def timing_threads(environ: Mapping[str, str] = os.environ) -> int:
         raise ValueError(f"{TIMING_THREADS_VARIABLE}={text!r}: expected an integer from 0 to {MAX_TIMING_THREADS} "
                          "(torch threads while timing on a CPU; 0 keeps torch's own count; more threads than any CPU has cores time nothing real)")
     return n
-
-
-#: What an xdist worker puts in its environment: a pytest started from it (a child run of the suite) would
-#: take itself for a worker too, and pytest-benchmark would then time nothing.
-_XDIST_PREFIX = "PYTEST_XDIST_"
-
-
-def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of ``environ`` (default: this process's) for a child pytest run, a session of its own: without the
-    variables of the xdist worker this process may be (the suite's own checks run under ``pytest -n 2 tests``)."""
-    return {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith(_XDIST_PREFIX)}
-
-
-class Terminated(Exception):
-    """SIGTERM reached a command that runs others (``faults``, ``verify --isa-matrix``): it cleans up and exits."""
-
-
-def terminate(signum, frame) -> None:
-    """A SIGTERM (or SIGHUP) handler that raises :class:`Terminated` once, carrying the signal's number."""
-    import signal
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)  # one is enough: a second must not break the cleanup
-    raise Terminated(signum)
-
-
-def _stop_signals() -> tuple[int, ...]:
-    import signal
-
-    return tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
-
-
-#: The signals that stop a command which starts others: SIGTERM, and SIGHUP (its terminal closed), both cleaned up.
-STOP_SIGNALS = _stop_signals()
-
-
-def on_stop(handler) -> dict[int, object]:
-    """Install ``handler`` for every signal of :data:`STOP_SIGNALS`; the previous handlers, for :func:`restore`."""
-    import signal
-
-    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-
-
-def restore(previous: dict[int, object]) -> None:
-    import signal
-
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
