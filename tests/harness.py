@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cheapinfer.runtime.settings import child_environment
+from cheapinfer.audits.launch import child_environment
 
 #: Imported once by the server. Nothing of cheapinfer: its modules read environment variables at import.
 PRELOAD = ["torch", "transformers", "numpy", "scipy.stats", "pytest", "hypothesis", "pytest_benchmark.plugin", "matplotlib.pyplot"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cheapinfer.chapter.budget import budget_cli
+from cheapinfer.cli.chapter import budget_cli
 
 
 def test_budget_cli_answers_the_16_gb_int8_7b_case(capsys):

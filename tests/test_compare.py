@@ -17,6 +17,7 @@ from hypothesis import given, strategies as st
 
 from cheapinfer import cli
 from cheapinfer.harness import compare as cmp, report, merge, schema
+from cheapinfer.cli.records import compare_cli, merge_cli
 from cheapinfer.harness.record import Recorder
 from harness import python_m
 
@@ -40,7 +41,7 @@ def save(record: dict, path: Path) -> Path:
 
 
 def test_compare_a_run_against_itself_exits_0(capsys):
-    assert cmp.compare_cli([str(RECORD), str(RECORD)]) == 0
+    assert compare_cli([str(RECORD), str(RECORD)]) == 0
     assert "0 regression(s), 0 other change(s)" in capsys.readouterr().out
 
 
@@ -50,7 +51,7 @@ def test_compare_a_perturbed_value_exits_1_naming_the_claim(tmp_path, capsys):
     for chk in result["checks"]:
         if chk["q"] == "speedup":
             chk["measured"] *= 0.5  # half the speedup, beyond the 25% band and below its bound > 2: a regression, whatever its noise
-    assert cmp.compare_cli([str(RECORD), str(save(after, tmp_path / "after"))]) == 1
+    assert compare_cli([str(RECORD), str(save(after, tmp_path / "after"))]) == 1
     out = capsys.readouterr().out
     assert "REGRESSION  KV-SPEEDUP-48 [twin] speedup: 3.47 -> 1.735" in out
 
@@ -65,15 +66,15 @@ def test_a_claim_that_now_deviates_is_a_regression(tmp_path, capsys):
 
 def test_a_claim_that_no_longer_deviates_is_reported_but_not_a_regression(tmp_path, capsys):
     before, after = save(built(bytes_per_token=12_289), tmp_path / "before"), save(built(), tmp_path / "after")
-    assert cmp.compare_cli([str(before), str(after), "--verdicts-only"]) == 0
+    assert compare_cli([str(before), str(after), "--verdicts-only"]) == 0
     assert "changed     KV-BYTES-FORMULA [arithmetic] verdict: deviates -> reproduced" in capsys.readouterr().out
 
 
 def test_a_timing_ratio_within_its_band_is_noise(tmp_path):
     """speedup > 1: a fall from 3.6 to 3.0 (-17%) moves toward the bound; within 25% it is noise, beyond 10% a regression."""
     before, after = save(built(speedup=3.6), tmp_path / "before"), save(built(speedup=3.0), tmp_path / "after")
-    assert cmp.compare_cli([str(before), str(after)]) == 0
-    assert cmp.compare_cli([str(before), str(after), "--band", "0.1"]) == 1
+    assert compare_cli([str(before), str(after)]) == 0
+    assert compare_cli([str(before), str(after), "--band", "0.1"]) == 1
 
 
 def test_a_shape_value_moving_away_from_its_bound_is_no_regression():
@@ -116,13 +117,13 @@ def test_shape_values_move_only_beyond_the_band(base, inside, outside):
 def test_compare_names_the_environment_that_changed(tmp_path, capsys):
     newer = {**ENV, "torch": "2.14.0"}
     before, after = save(built(), tmp_path / "before"), save(built(env=newer), tmp_path / "after")
-    assert cmp.compare_cli([str(before), str(after)]) == 0
+    assert compare_cli([str(before), str(after)]) == 0
     assert "environment torch: 2.13.0 -> 2.14.0" in capsys.readouterr().out
 
 
 def test_compare_json_output(tmp_path, capsys):
     before, after = save(built(), tmp_path / "before"), save(built(bytes_per_token=12_289), tmp_path / "after")
-    assert cmp.compare_cli([str(before), str(after), "--json"]) == 1
+    assert compare_cli([str(before), str(after), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["regressions"] >= 1
     assert {"claim": "KV-BYTES-FORMULA", "what": "verdict", "before": "reproduced", "after": "deviates"}.items() <= out["changes"][0].items()
@@ -139,7 +140,7 @@ def test_compare_command_line_exit_status(tmp_path):
 
 def test_compare_a_missing_record_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as exc:
-        cmp.compare_cli([str(tmp_path / "nowhere"), str(RECORD)])
+        compare_cli([str(tmp_path / "nowhere"), str(RECORD)])
     assert exc.value.code == 2
 
 
@@ -172,7 +173,7 @@ def test_merge_names_the_release_that_made_each_record(tmp_path, capsys):
 def test_merge_json(tmp_path):
     paths = [save(built(), tmp_path / "a"), str(RECORD)]
     out = tmp_path / "matrix.json"
-    assert merge.merge_cli([*map(str, paths), "--json", "-o", str(out)]) == 0
+    assert merge_cli([*map(str, paths), "--json", "-o", str(out)]) == 0
     matrix = json.loads(out.read_text(encoding="utf-8"))
     labels = [m["label"] for m in matrix["machines"]]
     assert len(labels) == 2 and labels[1].startswith("Example GPU 8 GB")
@@ -215,7 +216,7 @@ def test_a_confirmed_erratum_whose_digits_reproduce_is_a_regression(tmp_path, ca
     after = save(_gamma8(3.40, 0.79), tmp_path / "after")
     assert schema.read_record(before)["claims"]["SPEC-GAMMA8"]["verdict"] == "erratum"
     assert schema.read_record(after)["claims"]["SPEC-GAMMA8"]["verdict"] == "deviates"
-    assert cmp.compare_cli([str(before), str(after)]) == 1
+    assert compare_cli([str(before), str(after)]) == 1
     assert "REGRESSION  SPEC-GAMMA8 [arithmetic] verdict: erratum -> deviates" in capsys.readouterr().out
 
 
@@ -288,17 +289,17 @@ def test_reruns_through_the_command_line_and_what_they_refuse(tmp_path, capsys):
              for name, values in (("before", (4.0, 4.2, 3.9)), ("after", (2.6, 2.5, 2.7)))}
     argv = [str(sides["before"][0]), str(sides["after"][0]), "--before-reruns", *map(str, sides["before"][1:]),
             "--after-reruns", *map(str, sides["after"][1:])]
-    assert cmp.compare_cli(argv) == 1
+    assert compare_cli(argv) == 1
     out = capsys.readouterr().out
     assert "(and 2 rerun(s): " in out and "REGRESSION  KV-SPEEDUP-48 [twin] speedup: 4.03333 -> 2.6" in out
-    assert cmp.compare_cli(argv[:2]) == 0  # one record a side: a change, no regression
+    assert compare_cli(argv[:2]) == 0  # one record a side: a change, no regression
     capsys.readouterr()
 
     twice = [*argv[:3], str(sides["before"][1]), str(sides["before"][1])]
     other = save(_with_se(4.1, 0.05) | {"environment": {**ENV, "transformers": "4.57.6"}}, tmp_path / "other")
     for bad, message in ((twice, "are the same run"), ([*argv[:3], str(other)], "is not a rerun of")):
         with pytest.raises(SystemExit) as stop:
-            cmp.compare_cli(bad)
+            compare_cli(bad)
         err = capsys.readouterr().err
         assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 

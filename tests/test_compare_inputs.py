@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.harness import compare as cmp, registry, report, merge, schema
+from cheapinfer.cli.records import compare_cli, merge_cli
 from harness import python_m
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
@@ -31,12 +32,12 @@ def _exit_2(argv: list[str], run, capsys) -> str:
 
 @pytest.mark.parametrize("band", ["nan", "inf", "-inf", "-0.1", "abc"])
 def test_compare_rejects_a_band_that_is_not_finite_and_non_negative(band, capsys):
-    line = _exit_2([str(RECORD), str(RECORD), f"--band={band}"], cmp.compare_cli, capsys)
+    line = _exit_2([str(RECORD), str(RECORD), f"--band={band}"], compare_cli, capsys)
     assert "argument --band" in line and band in line
 
 
 def test_compare_accepts_a_zero_band(capsys):
-    assert cmp.compare_cli([str(RECORD), str(RECORD), "--band", "0"]) == 0
+    assert compare_cli([str(RECORD), str(RECORD), "--band", "0"]) == 0
 
 
 def _record() -> dict:
@@ -99,7 +100,7 @@ def _write(data, path: Path) -> Path:
 @pytest.mark.parametrize("kind", KINDS)
 def test_compare_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path, capsys):
     bad = _write(_broken(kind), tmp_path / "run.json")
-    line = _exit_2([str(RECORD), str(bad)], cmp.compare_cli, capsys)
+    line = _exit_2([str(RECORD), str(bad)], compare_cli, capsys)
     assert str(bad) in line
 
 
@@ -151,18 +152,18 @@ def test_a_claim_that_vanished_is_a_regression_and_a_new_one_is_not(tmp_path, ca
     del after["claims"][gone]
     a, b = _write(before, tmp_path / "before.json"), _write(after, tmp_path / "after.json")
     for extra in ([], ["--verdicts-only"]):
-        assert cmp.compare_cli([str(a), str(b), *extra]) == 1
+        assert compare_cli([str(a), str(b), *extra]) == 1
         out = capsys.readouterr().out.splitlines()
         assert f"REGRESSION  {gone} [-] vanished: reproduced -> absent from the later record" in out
         assert out[-1].startswith(f"{len(before['claims'])} claims compared: 1 regression(s), 0 other change(s)")
-    assert cmp.compare_cli([str(b), str(a)]) == 0  # the same claim, new in AFTER
+    assert compare_cli([str(b), str(a)]) == 0  # the same claim, new in AFTER
     assert f"changed     {gone} [-] new: absent from the earlier record -> reproduced" in capsys.readouterr().out.splitlines()
 
 
 @pytest.mark.parametrize("kind", ["claims-a-list", "result-without-profile", "check-without-asserted", "another-suite", "unknown-result-verdict", "huge-measured"])
 def test_merge_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path, capsys):
     bad = _write(_broken(kind), tmp_path / "run.json")
-    line = _exit_2([str(RECORD), str(bad)], merge.merge_cli, capsys)
+    line = _exit_2([str(RECORD), str(bad)], merge_cli, capsys)
     assert str(bad) in line
 
 
@@ -179,7 +180,7 @@ def test_merge_refuses_to_overwrite_one_of_its_records(tmp_path, capsys):
     rec.write_bytes(RECORD.read_bytes())
     for target in (rec, rec.parent):  # the file, or the report directory holding it: its run.json
         out = target if target.is_file() else target / "run.json"
-        line = _exit_2([str(RECORD), str(target), "-o", str(out)], merge.merge_cli, capsys)
+        line = _exit_2([str(RECORD), str(target), "-o", str(out)], merge_cli, capsys)
         assert "one of the records being merged" in line and "--force" in line
     assert rec.read_bytes() == RECORD.read_bytes()
 
@@ -189,11 +190,11 @@ def test_merge_refuses_to_overwrite_a_file_it_did_not_write_unless_forced(name, 
     other = tmp_path / name
     other.write_text("" if name == "empty.md" else "# Claims x machines\nkeep me\n")
     kept = other.read_text()
-    line = _exit_2([str(RECORD), "-o", str(other)], merge.merge_cli, capsys)
+    line = _exit_2([str(RECORD), "-o", str(other)], merge_cli, capsys)
     assert line == (f"cheapinfer merge: error: -o {other}: it exists and is not a Markdown matrix written by merge "
                     "(its first line is not the matrix's mark); nothing was written (pass --force to overwrite it)")
     assert other.read_text() == kept
-    assert merge.merge_cli([str(RECORD), "-o", str(other), "--force"]) == 0
+    assert merge_cli([str(RECORD), "-o", str(other), "--force"]) == 0
     assert other.read_text().splitlines()[:2] == [merge.MATRIX_MARK, "# Claims x machines"]
 
 
@@ -209,8 +210,8 @@ def test_merge_over_a_readme_through_the_command_line_is_one_line_and_exit_2(tmp
 def test_merge_overwrites_its_own_earlier_output(tmp_path):
     md, js = tmp_path / "matrix.md", tmp_path / "matrix.json"
     for _ in range(2):
-        assert merge.merge_cli([str(RECORD), "-o", str(md)]) == 0
-        assert merge.merge_cli([str(RECORD), "--json", "-o", str(js)]) == 0
+        assert merge_cli([str(RECORD), "-o", str(md)]) == 0
+        assert merge_cli([str(RECORD), "--json", "-o", str(js)]) == 0
     assert json.loads(js.read_text())["machines"]
 
 
@@ -229,7 +230,7 @@ def test_compare_prints_the_reason_of_every_not_run_and_keeps_harness_errors_apa
     after = _not_run(before, errored, "error before a verdict: ImportError: cannot import name 'DynamicCache'")
     after = _not_run(after, skipped, "needs a CUDA device; this run uses cpu")
     a, b = _write(before, tmp_path / "before.json"), _write(after, tmp_path / "after.json")
-    assert cmp.compare_cli([str(a), str(b)]) == 1  # a passing claim whose test now raises: a regression
+    assert compare_cli([str(a), str(b)]) == 1  # a passing claim whose test now raises: a regression
     out = capsys.readouterr().out.splitlines()
     harness = [line for line in out if line.startswith("HARNESS ")]
     assert harness and all(errored in line and "-> not run (error before a verdict: ImportError" in line for line in harness)

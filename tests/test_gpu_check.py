@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cheapinfer import cli
 from cheapinfer.audits import gpu_check
+from cheapinfer.cli.machine import gpu_check_cli
 from cheapinfer.runtime import device as devices
 from fake_cuda import FakeCuda
 from harness import python_m
@@ -58,7 +59,7 @@ def test_on_cuda_it_runs_both_steps_offline_and_writes_one_record(tmp_path, monk
         return 0
 
     monkeypatch.setattr(subprocess, "call", call)
-    code = gpu_check.gpu_check_cli(["--report-dir", str(tmp_path)])
+    code = gpu_check_cli(["--report-dir", str(tmp_path)])
     assert code == 1 and [c[0][2] for c in ran] == ["pytest", "cheapinfer"]
     assert all(env[k] == "1" for _, env in ran for k in gpu_check.OFFLINE)
     record = json.loads((tmp_path / gpu_check.RECORD_NAME).read_text())

@@ -14,7 +14,9 @@ import pytest
 
 from cheapinfer import cli as cli_main
 from cheapinfer.harness import compare as cmp, merge, registry, report, schema
+from cheapinfer.cli.records import compare_cli, merge_cli
 from cheapinfer.runtime import artifacts, files, settings as cli
+from cheapinfer.cli.faults import faults_cli
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 
@@ -69,13 +71,13 @@ def test_every_record_reader_refuses_what_is_no_bounded_strict_record(case, comm
     bad = make(tmp_path)
     argv = {"compare": [bad, str(RECORD)], "merge": [str(RECORD), bad],
             "compare --after-reruns": [str(RECORD), str(RECORD), "--before-reruns", bad, "--after-reruns", bad]}[command]
-    line = _refused(cmp.compare_cli if command.startswith("compare") else merge.merge_cli, argv, capsys)
+    line = _refused(compare_cli if command.startswith("compare") else merge_cli, argv, capsys)
     assert said in line and bad in line
 
 
 def test_a_record_larger_than_the_limit_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(files, "MAX_RECORD_BYTES", 1000)
-    line = _refused(cmp.compare_cli, [str(RECORD), str(RECORD)], capsys)
+    line = _refused(compare_cli, [str(RECORD), str(RECORD)], capsys)
     assert "more than the 0 MiB" in line or "more than" in line
 
 
@@ -151,13 +153,13 @@ RERUNS = {
 def test_a_rerun_that_is_not_one_is_refused(case, tmp_path, capsys):
     change, said = RERUNS[case]
     good, bad = _rerun(tmp_path, "good", lambda rec: None), _rerun(tmp_path, "bad", change)
-    line = _refused(cmp.compare_cli, [str(RECORD), str(RECORD), "--before-reruns", good, "--after-reruns", bad], capsys)
+    line = _refused(compare_cli, [str(RECORD), str(RECORD), "--before-reruns", good, "--after-reruns", bad], capsys)
     assert said in line and "is not a rerun of" in line
 
 
 @pytest.mark.parametrize("side", ["--before-reruns", "--after-reruns"])
 def test_reruns_on_one_side_only_are_refused(side, tmp_path, capsys):
-    line = _refused(cmp.compare_cli, [str(RECORD), str(RECORD), side, _rerun(tmp_path, "one", lambda rec: None)], capsys)
+    line = _refused(compare_cli, [str(RECORD), str(RECORD), side, _rerun(tmp_path, "one", lambda rec: None)], capsys)
     assert f"{side} without" in line and "both sides" in line
 
 
@@ -167,14 +169,14 @@ def test_reruns_with_1e308_do_not_crash_the_statistics(tmp_path, capsys):
 
     b = [_rerun(tmp_path, f"b{i}", huge) for i in range(2)]
     a = [_rerun(tmp_path, f"a{i}", huge) for i in range(2)]
-    code = cmp.compare_cli([str(RECORD), str(RECORD), "--before-reruns", *b, "--after-reruns", *a])
+    code = compare_cli([str(RECORD), str(RECORD), "--before-reruns", *b, "--after-reruns", *a])
     assert code in (0, 1)
     assert "Traceback" not in capsys.readouterr().err
 
 
 def test_merge_refuses_one_run_twice(tmp_path, capsys):
     copy_of = _write(tmp_path / "copy.json", _record())
-    line = _refused(merge.merge_cli, [str(RECORD), str(copy_of)], capsys)
+    line = _refused(merge_cli, [str(RECORD), str(copy_of)], capsys)
     assert "are the same run" in line and "two machines" in line
 
 
@@ -187,7 +189,7 @@ def test_merge_refuses_one_run_twice(tmp_path, capsys):
 def test_a_claim_id_that_is_no_claim_id_is_refused_escaped(cid, tmp_path, capsys):
     rec = _record()
     rec["claims"][cid] = rec["claims"].pop(next(iter(rec["claims"])))
-    line = _refused(cmp.compare_cli, [str(_write(tmp_path / "r.json", rec)), str(RECORD)], capsys)
+    line = _refused(compare_cli, [str(_write(tmp_path / "r.json", rec)), str(RECORD)], capsys)
     assert "\x1b" not in line and "a claim ID" in line
 
 
@@ -207,10 +209,10 @@ def _enospc(*args, **kwargs):
 
 def _merge_o_on_a_full_disk(tmp_path, capsys, monkeypatch):
     out = tmp_path / "matrix.md"
-    assert merge.merge_cli([str(RECORD), "-o", str(out)]) == 0
+    assert merge_cli([str(RECORD), "-o", str(out)]) == 0
     before = out.read_bytes()
     monkeypatch.setattr(report, "_write_all", _enospc)
-    line = _refused(merge.merge_cli, [str(RECORD), "-o", str(out)], capsys)
+    line = _refused(merge_cli, [str(RECORD), "-o", str(out)], capsys)
     assert out.read_bytes() == before, "the previous matrix was truncated"
     assert "No space left on device" in line and "the previous file is as it was" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix.md"]  # no temporary file left
@@ -243,7 +245,7 @@ def _faults_on_a_full_disk(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runner, "run", lambda names, runs, *a, **k: {"runs": runs, "mode": "sweep", "seconds": 1.0, "uncovered": [],
                                                                       "faults": {n: {"targets": [], "runs": [{}], "kind": "k", "caught": 1} for n in names}})
     monkeypatch.setattr(report, "_write_all", _enospc)
-    code = runner.faults_cli(["--report-dir", str(tmp_path), next(iter(runner.catalogue()))])
+    code = faults_cli(["--report-dir", str(tmp_path), next(iter(runner.catalogue()))])
     err = capsys.readouterr().err
     assert (tmp_path / "faults.json").read_text() == "previous", "the previous faults.json was truncated"
     assert code == 1 and "No space left on device" in err and "the previous one is as it was" in err
@@ -406,7 +408,7 @@ def test_sighup_stops_faults_cleanly_as_sigterm_does(sig, tmp_path, capsys, monk
 
     monkeypatch.setattr(runner, "run", sweep)
     before = signal.getsignal(sig)
-    code = runner.faults_cli(["--report-dir", str(tmp_path), next(iter(runner.catalogue()))])
+    code = faults_cli(["--report-dir", str(tmp_path), next(iter(runner.catalogue()))])
     err = capsys.readouterr().err
     assert code == 128 + sig and f"terminated ({signal.Signals(sig).name})" in err and "temporary directory removed" in err
     assert signal.getsignal(sig) == before
@@ -610,6 +612,6 @@ def test_a_broken_registry_through_pytest_is_one_line_and_exit_4(case, said, tmp
 def test_compare_names_the_release_that_made_each_record(capsys):
     from cheapinfer import __version__
 
-    assert cmp.compare_cli([str(RECORD), str(RECORD)]) == 0
+    assert compare_cli([str(RECORD), str(RECORD)]) == 0
     heads = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("before:", "after: "))]
     assert len(heads) == 2 and all(f": cheapinfer {__version__} on " in line for line in heads), heads

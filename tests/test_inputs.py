@@ -178,7 +178,7 @@ def _cheapinfer(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subpro
 
 def test_an_unknown_command_is_one_line_naming_the_valid_ones():
     line = _one_line(_cheapinfer("nope"), 2)
-    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, engine, errata, gpu-check; "
+    assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, isa, stress, engine, errata, gpu-check; "
                     "python -m cheapinfer --help says what each does)")
 
 
@@ -414,7 +414,7 @@ def test_workers_on_the_claims_are_a_usage_error(paths, tmp_path):
 def test_the_suites_own_checks_run_on_workers_and_their_children_are_sessions_of_their_own(tmp_path):
     run = _pytest("-n", "2", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
-    from cheapinfer.runtime import settings as cli
+    from cheapinfer.audits import launch as cli
 
     worker = {"PATH": "/bin", "PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2", "PYTEST_XDIST_TESTRUNUID": "x"}
     assert cli.child_environment(worker) == {"PATH": "/bin"}  # else a child pytest would time nothing (pytest-benchmark)

@@ -279,7 +279,7 @@ def test_one_function_decides_the_runs_device():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "pick":
                 callers.add(path.relative_to(ROOT).as_posix())
-    assert callers == {"fixtures/options.py", "cheapinfer/cli/__init__.py", "cheapinfer/audits/gpu_check.py"}, callers
+    assert callers == {"fixtures/options.py", "cheapinfer/cli/verify.py", "cheapinfer/audits/gpu_check.py"}, callers
 
 
 @pytest.mark.parametrize("case", ["up", "cycle"])

@@ -19,7 +19,7 @@ import pytest
 from cheapinfer.audits import families as kernel_families, matrix, stress
 from cheapinfer.harness import registry, report, schema
 from cheapinfer.harness.record import Recorder
-from cheapinfer.runtime.settings import Terminated
+from cheapinfer.audits.launch import Terminated
 from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -151,7 +151,7 @@ def test_verify_warns_in_one_line_before_it_starts_when_memory_is_short(tmp_path
         started.append(capsys.readouterr().err)  # what was printed before the run started
         return 4, False
 
-    monkeypatch.setattr(cli, "_run_interruptibly", child)
+    monkeypatch.setattr(cli.verify, "_run_interruptibly", child)
     (tmp_path / report.RECORD_NAME).write_text(json.dumps(_whole_run(9 * GIB)))
     monkeypatch.setattr(memory, "available", lambda: 5 * GIB)
     assert cli.main(["verify", "--device", "cpu", "--report-dir", str(tmp_path)]) == 4

@@ -284,7 +284,7 @@ def test_verify_gives_each_run_a_new_id_and_finds_no_summary_without_its_record(
         seen.append(env[report.RUN_ID_VARIABLE])
         return 4, False
 
-    monkeypatch.setattr(cli, "_run_interruptibly", child)
+    monkeypatch.setattr(cli.verify, "_run_interruptibly", child)
     for _ in range(2):
         assert cli.main(["verify", "--report-dir", str(tmp_path)]) == 4
     assert len(set(seen)) == 2 and capsys.readouterr().out == ""

@@ -21,21 +21,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import CHECKOUT, __version__
 from ..harness.registry import clocked_claims, slow_claims
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
-from ..runtime.settings import Terminated, bounded_count, finite_number, on_stop, path_arg, restore, terminate
 from ..runtime.files import kind_of
 from .forks import clear_halt, halt, pytest_run
 from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
 
-#: ``--runs``: a run of every fault takes minutes; a thousand is weeks, and the record holds every run's verdicts.
-MAX_RUNS = 1000
-#: ``--workers``: each is a pytest loading its claims' models beside the others.
-MAX_WORKERS = 64
 #: ``--timeout``: below this, starting pytest and importing torch alone would "time out" every fault.
 MIN_TIMEOUT = 5.0
 
@@ -233,40 +228,8 @@ def table(result: FaultRecord) -> list[str]:
     return markdown_table(["fault", "kind", "claim", "verdict under the fault"], rows)
 
 
-def faults_cli(argv: list[str]) -> int:
-    """``python -m cheapinfer faults``; SIGTERM stops the fault runs, removes their temporary directory, exit 143."""
-    import signal
-    import sys
-
-    from ..runtime.settings import Parser
-
-    p = Parser(
-        prog="cheapinfer faults",
-        description="Inject each known fault into the measured system and check that it turns its claims red. Exit 1 when a fault goes unnoticed in any run.",
-    )
-    p.add_argument("names", nargs="*", metavar="FAULT", help="faults to run (default: all)")
-    p.add_argument("--runs", type=bounded_count("runs", 1, MAX_RUNS, f"each run of a fault takes seconds to minutes; {MAX_RUNS} is days"), default=1,
-                   help="runs of each fault (default 1; a fault must be caught in every run)")
-    p.add_argument("--list", action="store_true", help="list the faults and the claims each must turn red, and exit")
-    p.add_argument("--report-dir", type=path_arg, default=CHECKOUT / "reports", help="where faults.json is written (default reports/)")
-    p.add_argument("--timeout", type=finite_number("a number of seconds", positive=True), default=600.0, help="seconds one fault run may take (default 600)")
-    p.add_argument("--workers", type=bounded_count("workers", 1, MAX_WORKERS, "processes beside each other, each loading a model"), default=2, help="faults run this many at a time on claims that read no clock (default 2); clocked claims always run alone")
-    p.add_argument("--all-targets", action="store_true",
-                   help="run every claim each fault names, in every run (the per-claim coverage); default: the sweep, which stops each run at the fault's first red claim")
-    args = p.parse_args(argv)
-    previous = on_stop(terminate)  # SIGTERM and SIGHUP (the terminal closed) alike
-    try:
-        return _faults(p, args)
-    except (Terminated, KeyboardInterrupt) as exc:
-        sig = signal.Signals((exc.args[0] if exc.args else signal.SIGTERM) if isinstance(exc, Terminated) else signal.SIGINT)
-        print(f"cheapinfer faults: {'interrupted' if sig == signal.SIGINT else f'terminated ({sig.name})'}: the running fault runs "
-              "were stopped and their temporary directory removed; nothing was written", file=sys.stderr)
-        return 128 + sig
-    finally:
-        restore(previous)
-
-
-def _faults(p, args) -> int:
+def faults_main(p, args) -> int:
+    """``cheapinfer faults`` after its arguments are parsed: the usage checks, the sweep, the table, faults.json."""
     import json
 
     from ..harness.report import atomic_write

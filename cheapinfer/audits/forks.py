@@ -65,7 +65,7 @@ def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> 
     os.dup2(fd, 2)
     code = 3
     try:
-        from cheapinfer.runtime.settings import child_environment
+        from cheapinfer.audits.launch import child_environment
 
         kept = child_environment()  # a session of its own, whoever forked the server
         os.environ.clear()
@@ -141,7 +141,7 @@ def pytest_run(args: list[str], root: Path, threads: int | None, timeout: float,
     import subprocess
     import sys
 
-    from cheapinfer.runtime.settings import child_environment
+    from cheapinfer.audits.launch import child_environment
 
     ctx = _fork_context()
     if ctx is None:  # no fork here: a fresh interpreter per run

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import CHECKOUT
-from ..runtime.settings import Parser, child_environment, nonempty
+from .launch import child_environment
 
 RECORD_NAME = "gpu-check.json"
 #: Every download refused: the suite's artifacts and Hugging Face's.
@@ -68,18 +68,10 @@ def _cached_artifacts() -> str | None:
     return None
 
 
-def gpu_check_cli(argv: list[str]) -> int:
+def gpu_check_main(p, args) -> int:
+    """``cheapinfer gpu-check`` after its arguments are parsed: the usage checks, the two steps, the record."""
     import subprocess
 
-    p = Parser(prog="cheapinfer gpu-check",
-               description="On a CUDA machine, offline: the suite's GPU tests (pytest -m gpu --device cuda), then the device claims "
-                           "through verify; writes one record (gpu-check.json: the GPU, its driver, the versions, each step) and "
-                           "prints the verdict table. Needs the artifacts in the cache (python -m cheapinfer fetch, once, with the network).")
-    p.add_argument("--device", default="cuda", type=nonempty, help="cuda or cuda:N (default: cuda, the current card)")
-    p.add_argument("--report-dir", metavar="DIR", type=lambda text: Path(nonempty(text)), default=CHECKOUT / "reports" / "gpu-check",
-                   help="where the record, run.json and errata.md are written (default: reports/gpu-check/ of the checkout)")
-    p.add_argument("--book-model", metavar="PATH", type=nonempty, help="local copy of Qwen2.5-0.5B-Instruct, handed to verify")
-    args = p.parse_args(argv)
     if not args.device.startswith("cuda"):
         p.error(f"--device {args.device}: the GPU check runs on CUDA (cuda or cuda:N); verify --device cpu runs the claims on the CPU")
     if not (CHECKOUT / "tests").is_dir() or not (CHECKOUT / "claims").is_dir():
@@ -127,3 +119,4 @@ def gpu_check_cli(argv: list[str]) -> int:
           + "; ".join(f"{s['step']} exit {s['exit']} in {s['seconds']:g} s" for s in steps)
           + f"; verdicts {', '.join(f'{v} {n}' for v, n in sorted(record['verdicts'].items())) or 'none recorded'}\nRecord: {out / RECORD_NAME}")
     return max(s["exit"] for s in steps)
+

@@ -28,8 +28,6 @@ records and text and are tested on made-up ones (``tests/test_matrix.py``).
 from __future__ import annotations
 
 import json
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -40,7 +38,7 @@ from ..harness import registry
 from ..harness.schema import ClaimEntry, ResultEntry, read_record
 from ..harness.compare import shape_bounds
 from ..harness.record import is_harness_error
-from ..runtime.settings import Terminated, child_environment, on_stop, restore, terminate  # SIGTERM as an exception, as the fault runner takes it
+from .launch import Interrupted, child_environment, interruptible
 from ..harness.registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
 from ..harness.report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
 from ..harness.tables import machine_label, markdown_table
@@ -282,10 +280,6 @@ Command = Callable[[Path, list[str]], list[str]]
 Runner = Callable[[list[str], dict[str, str]], tuple[int, bool]]
 
 
-class Interrupted(Exception):
-    """Ctrl-C ended a claims run: nothing more starts."""
-
-
 def claims_run(command: Command, run: Runner, report_dir: Path, claims: list[str], env: dict[str, str]) -> dict[str, Any]:
     """One pytest run of ``claims`` into ``report_dir``: its record (None when it wrote none), exit status, seconds."""
     run_id = new_run_id()
@@ -354,27 +348,19 @@ def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command
 
 def guarded(prog: str, body: Callable[[], int]) -> int:
     """``body()``, with Ctrl-C and SIGTERM as one line and exit 130 / 143 (the running pytest and the busy
-    processes are stopped on the way out)."""
-    previous = on_stop(terminate)  # SIGTERM and SIGHUP
-    try:
-        return body()
-    except Interrupted as exc:
-        print(f"{prog}: interrupted; {exc}; nothing more was run and no summary was written", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; nothing more was run and no summary was written", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except Terminated as exc:
-        sig = signal.Signals(exc.args[0] if exc.args else signal.SIGTERM)
-        print(f"{prog}: terminated ({sig.name}); the running claims run was stopped; no summary was written", file=sys.stderr)
-        return 128 + sig
-    finally:
-        restore(previous)
+    processes are stopped on the way out): :func:`cheapinfer.audits.launch.interruptible`."""
+
+    def say(how: str, kept: str | None) -> str:
+        if how == "interrupted":
+            return f"{prog}: interrupted; {kept + '; ' if kept else ''}nothing more was run and no summary was written"
+        return f"{prog}: {how}; the running claims run was stopped; no summary was written"
+
+    return interruptible(body, say)
 
 
-def isa_main(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner) -> int:
-    """``verify --isa-matrix``: 0 when no claim flips, 1 when one does (or a family wrote no record)."""
-    prog = "cheapinfer verify --isa-matrix"
+def isa_main(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner,
+             prog: str = "cheapinfer verify --isa-matrix") -> int:
+    """``cheapinfer isa``: 0 when no claim flips, 1 when one does (or a family wrote no record)."""
 
     def body() -> int:
         m = isa_matrix(claims, families, report_dir, command, run)

@@ -112,9 +112,8 @@ def stress_lines(s: dict[str, Any]) -> list[str]:
 
 
 def stress_main(claims: list[str], n: int, report_dir: Path, command: matrix.Command, run: matrix.Runner, quiet_record: dict[str, Any] | None,
-                quiet_source: str | None) -> int:
-    """``verify --stress N``: 0 when no claim turned red under stress, 1 when one did (or a run wrote no record)."""
-    prog = "cheapinfer verify --stress"
+                quiet_source: str | None, prog: str = "cheapinfer verify --stress") -> int:
+    """``cheapinfer stress``: 0 when no claim turned red under stress, 1 when one did (or a run wrote no record)."""
 
     def body() -> int:
         s = stress(claims, n, report_dir, command, run, quiet_record, quiet_source)

@@ -18,11 +18,9 @@ the calculator makes explicit and prints with every answer:
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 
-from ..runtime.settings import Parser
 
 GIB = 2**30
 RESERVE_GIB = 1.5
@@ -125,65 +123,3 @@ def table_rows(budgets: list[Budget]) -> list[list[object]]:
 
 
 TABLE_HEADER = ["model", "bits/weight", "weights (GB)", "KV cache (KB/token)", "tokens of context"]
-
-
-def _positive(kind: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{kind} must be a number, not {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{kind} must be > 0, not {text}")
-        return value
-
-    return parse
-
-
-def budget_cli(argv: list[str]) -> int:
-    """``cheapinfer budget``: what fits in a memory size. Bad input: one line (:class:`cli.Parser`), exit status 2."""
-    try:
-        return _budget_cli(argv)
-    except SystemExit as exc:  # argparse's error() and --help exit; hand the status back instead
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-
-
-def _budget_cli(argv: list[str]) -> int:
-    p = Parser(
-        prog="cheapinfer budget",
-        description="Weights + KV cache for all resident tokens: how many tokens of context fit.",
-        epilog="Assumptions: " + ASSUMPTIONS,
-    )
-    p.add_argument("--gpu-gib", type=_positive("--gpu-gib"), help="memory of the device, GiB")
-    p.add_argument("--model", type=str.lower, choices=tuple(MODELS), help="model size")
-    p.add_argument("--bits", type=_positive("--bits"), help="bits per weight (16, 8, 4.125, ...)")
-    p.add_argument("--reserve-gib", type=float, default=RESERVE_GIB, help=f"memory kept for everything else, GiB (default {RESERVE_GIB})")
-    p.add_argument("--tables", action="store_true", help="print the 8 / 16 / 24 GB tables")
-    args = p.parse_args(argv)
-    if args.reserve_gib < 0 or not math.isfinite(args.reserve_gib):
-        p.error(f"argument --reserve-gib: must be >= 0, not {args.reserve_gib}")
-    if args.tables:
-        for memory, rows in tables().items():
-            print(f"\n{memory:g} GB")
-            print(" | ".join(TABLE_HEADER))
-            for row in table_rows(rows):
-                print(" | ".join(str(c) for c in row))
-        print(f"\nAssumptions: {ASSUMPTIONS}")
-        return 0
-    missing = [name for name, v in (("--gpu-gib", args.gpu_gib), ("--model", args.model), ("--bits", args.bits)) if v is None]
-    if missing:
-        p.error(f"the following arguments are required (or pass --tables): {', '.join(missing)}")
-    try:
-        b = budget(args.model, args.bits, args.gpu_gib, args.reserve_gib)
-    except ValueError as exc:
-        p.error(str(exc))
-    print(f"{b.model} at {b.bits:g} bits/weight on {b.memory_gib:g} GiB:")
-    print(f"  weights        {b.weights_gib:.2f} GiB")
-    print(f"  reserve        {b.reserve_bytes / GIB:.2f} GiB")
-    print(f"  KV cache       {b.kv_bytes_per_token:,} bytes/token")
-    if b.fits:
-        print(f"  context        {b.tokens:,} tokens (resident over all concurrent requests)")
-    else:
-        print(f"  does not fit: the weights and reserve exceed {b.memory_gib:g} GiB by {-(b.memory_gib * GIB - b.reserve_bytes - b.weights_bytes) / GIB:.2f} GiB")
-    print(f"Assumptions: {ASSUMPTIONS}")
-    return 0

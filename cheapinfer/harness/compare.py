@@ -45,16 +45,15 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import registry
-from ..runtime.settings import Parser, finite_number, path_arg, printable
+from ..runtime.settings import printable
 from .record import is_harness_error
 from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT
-from .tables import machine_label
 from . import schema
 from .reruns import PROCESS_LEVEL, by_profile, finite, identities, not_a_rerun, rerun_values, welch_p
 from .schema import ClaimEntry, RunRecord
@@ -381,52 +380,3 @@ def annotate(changes: list[Change], after: RunRecord) -> list[Change]:
             c.reason = (result.get("reason") or "no reason recorded") if result else ""
             c.harness = result is not None and is_harness_error(result)
     return changes
-
-
-def compare_cli(argv: list[str]) -> int:
-    p = Parser(
-        prog="cheapinfer compare",
-        description="Claims whose verdict changed or whose measured value moved beyond its tolerance between two run records. Exit 1 on a regression.",
-    )
-    p.add_argument("before", type=path_arg, help="run.json, or the report directory holding it (e.g. reports)")
-    p.add_argument("after", type=path_arg, help="run.json, or the report directory holding it (e.g. reports/latest)")
-    p.add_argument("--before-reruns", type=path_arg, nargs="+", default=[], metavar="RECORD",
-                   help="more run records of BEFORE's environment (reruns of its claims): clocked values are then judged on the spread between processes")
-    p.add_argument("--after-reruns", type=path_arg, nargs="+", default=[], metavar="RECORD", help="the same for AFTER")
-    p.add_argument("--band", type=finite_number("a number", positive=False, hint="a relative band, e.g. 0.25"), default=BAND, help=f"relative band for values checked by shape only, e.g. timing ratios (default {BAND})")
-    p.add_argument("--verdicts-only", action="store_true", help="a value that moved is printed but is not a regression; only verdicts decide the exit status")
-    p.add_argument("--json", action="store_true", help="print the changes as JSON")
-    args = p.parse_args(argv)
-    before, after = read_record(p.prog, args.before), read_record(p.prog, args.after)
-    reruns = ([read_record(p.prog, path) for path in args.before_reruns], [read_record(p.prog, path) for path in args.after_reruns])
-    problem = check_reruns((before, after), reruns, (args.before, args.after), (args.before_reruns, args.after_reruns))
-    if problem:
-        usage_error(p.prog, problem)
-    try:
-        changes = annotate(compare(before, after, args.band, reruns), after)
-    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:  # a shape check_record does not cover
-        usage_error(p.prog, f"{args.before} or {args.after} is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
-    if args.verdicts_only:
-        for c in changes:
-            c.regression = c.regression and c.what in ("verdict", CLAIM)
-    regressions = [c for c in changes if c.regression]
-    harness = [c for c in changes if c.harness]
-    if args.json:
-        print(json.dumps({"before": str(args.before), "after": str(args.after), "before_reruns": list(map(str, args.before_reruns)),
-                          "after_reruns": list(map(str, args.after_reruns)), "environment": environment_changes(before, after),
-                          "changes": [asdict(c) for c in changes], "regressions": len(regressions), "harness_errors": len(harness)}, indent=1, default=str))
-    else:
-        for label, path, record, more in (("before:", args.before, before, args.before_reruns), ("after: ", args.after, after, args.after_reruns)):
-            also = f" (and {len(more)} rerun(s): {', '.join(map(str, more))})" if more else ""
-            print(printable(f"{label} {path}: {record.get('suite', '?')} on {machine_label(record.get('environment', {}))}, {record.get('created', '?')}{also}"))
-        for line in environment_changes(before, after):
-            print(printable(f"  environment {line}"))
-        # Claims that changed first, then the harness errors (a test raised before its verdict), then the rest.
-        for c in sorted(changes, key=lambda c: (c.harness, not c.regression)):
-            print(printable(c.line()))
-        n = len(set(before["claims"]) | set(after["claims"]))
-        claimed = [c for c in regressions if not c.harness]
-        others = [c for c in changes if not c.regression and not c.harness]
-        print(f"{n} claims compared: {len(claimed)} regression(s), {len(others)} other change(s), "
-              f"{len(harness)} harness error(s) (a test raised before its verdict: the suite or a library broke, not the claim).")
-    return 1 if regressions else 0

