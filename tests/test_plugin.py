@@ -1,25 +1,17 @@
-"""The suite's pytest plugin, driven by pytest's own ``pytester``: a run of made-up claim tests in a temporary
-directory, in this process, and what the plugin made of it (its exit code, its lines, its record).
-
-Each run names its report directory, so that none writes the checkout's ``reports/``.
+"""The suite's pytest plugin, driven by pytest's own ``pytester`` (``tests/plugin_runs.py``): a run of made-up claim
+tests in a temporary directory, in this process, and what the plugin made of it (its exit code, its lines, its record).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cheapinfer.harness import registry
+from plugin_runs import errors, run
 
-#: What every run gives: the plugin, no cache folder in the test's directory.
-PLUGIN = ("-p", "fixtures.plugin", "-p", "no:cacheprovider")
-
-
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(*PLUGIN, f"--report-dir={pytester.path / 'reports'}", *args)
-
-
-def errors(result: pytest.RunResult) -> list[str]:
-    return [line for line in result.errlines if line.strip()]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # the markers a claim test takes from the registry
@@ -86,3 +78,46 @@ def test_marked(claim):
     result = run(pytester, "--co", "-q")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert errors(result) == [f"ERROR: test_marked.py::test_marked: marked '{mark}' by hand; a claim test's {mark} comes from the registry (KV-MACS)"]
+
+
+# how the plugin is registered: once, whichever way it is loaded
+# ------------------------------------------------------------------------------------------------
+
+_REGISTERED = '''
+import fixtures.plugin
+
+
+def test_registered(request):
+    manager = request.config.pluginmanager
+    assert manager.get_plugin("cheapinfer") is fixtures.plugin and manager.get_name(fixtures.plugin) == "cheapinfer"
+'''
+
+
+@pytest.mark.parametrize("conftest", [False, True], ids=["elsewhere", "with-the-checkouts-conftest"])
+@pytest.mark.parametrize("autoload,extra", [(True, ()), (False, ("-p", "cheapinfer")), (False, ())],
+                         ids=["entry-point", "no-autoload:-p cheapinfer", "no-autoload"])
+def test_the_plugin_is_registered_once_whichever_way_it_is_loaded(pytester, monkeypatch, conftest, autoload, extra):
+    """The entry point loads it; with autoloading off, ``-p cheapinfer`` or the checkout's conftest.py does, under the same
+    name; never twice (pluggy would refuse the second), and its options are added once."""
+    if conftest:
+        pytester.makeconftest((ROOT / "conftest.py").read_text(encoding="utf-8"))
+    if not autoload:
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(test_registered=_REGISTERED)
+    args = ("-p", "no:cacheprovider", *extra, f"--report-dir={pytester.path / 'reports'}")
+    if autoload or extra or conftest:
+        assert pytester.runpytest(*args, "-q").ret == 0
+        shown = pytester.runpytest(*args, "--fault", "kv-bytes-counts-query-heads", "--help")
+        assert shown.ret == 0 and shown.stdout.str().count("--report-dir=DIR") == 1 and shown.stdout.str().count("chapter claims:") == 1
+    else:  # nothing loads it: not installed as far as pytest knows, and no checkout
+        assert pytester.runpytest(*args).ret == pytest.ExitCode.USAGE_ERROR
+
+
+@pytest.mark.parametrize("conftest", [False, True], ids=["elsewhere", "with-the-checkouts-conftest"])
+def test_no_cheapinfer_leaves_the_plugin_out(pytester, conftest):
+    if conftest:
+        pytester.makeconftest((ROOT / "conftest.py").read_text(encoding="utf-8"))
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    shown = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:cheapinfer", "--help")
+    assert shown.ret == 0 and "chapter claims:" not in shown.stdout.str()
+    assert pytester.runpytest("-p", "no:cacheprovider", "-p", "no:cheapinfer", "-q").ret == 0
