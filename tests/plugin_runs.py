@@ -16,12 +16,24 @@ from fixtures import batch_curve, evaluation, options, profiles, quant, recordin
 PLUGIN = ("-p", "cheapinfer", "-p", "no:cacheprovider")
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+def run(pytester: pytest.Pytester, *args: str, **kwargs) -> pytest.RunResult:
     """pytest with the plugin in ``pytester.path``, its report directory ``reports/`` there. pytest's installed plugins
-    (pytest-benchmark, Hypothesis) are loaded as in a user's run, also where the outer run turned autoloading off."""
+    (pytest-benchmark, Hypothesis) are loaded as in a user's run, also where the outer run turned autoloading off.
+    ``kwargs`` go to pytester (``no_reraise_ctrlc=True``: a run interrupted by Ctrl-C returns, its exit code 2)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-        return pytester.runpytest(*PLUGIN, f"--report-dir={pytester.path / 'reports'}", *args)
+        return pytester.runpytest(*PLUGIN, f"--report-dir={pytester.path / 'reports'}", *args, **kwargs)
+
+
+def record(pytester: pytest.Pytester, latest: bool = True) -> dict:
+    """The record the run wrote: the latest ``run.json``, or (``latest=False``) the one it kept in ``runs/``."""
+    from cheapinfer.harness import report, schema
+
+    reports = pytester.path / "reports"
+    if latest:
+        return schema.read_record(reports / "run.json")
+    [kept] = [p for p in (reports / report.RUNS_DIR).glob("*.json") if not p.name.endswith(report.BENCHMARKS_SUFFIX)]
+    return schema.read_record(kept)
 
 
 def errors(result: pytest.RunResult) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.harness import registry
-from plugin_runs import errors, run
+from plugin_runs import errors, record, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,3 +121,82 @@ def test_no_cheapinfer_leaves_the_plugin_out(pytester, conftest):
     shown = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:cheapinfer", "--help")
     assert shown.ret == 0 and "chapter claims:" not in shown.stdout.str()
     assert pytester.runpytest("-p", "no:cacheprovider", "-p", "no:cheapinfer", "-q").ret == 0
+
+
+# what the run record keeps (issue 46: a benchmark file that could not be written; a run interrupted mid-test)
+# ------------------------------------------------------------------------------------------------
+
+_ONE_CLAIM = '''
+@pytest.mark.claim("KV-BYTES-FORMULA")
+def test_claim(claim):
+    from cheapinfer.chapter import kv
+    from cheapinfer.runtime.arch import QWEN25_05B
+
+    claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))
+'''
+
+
+def test_a_benchmark_file_that_cannot_be_written_is_a_warning_in_the_record(pytester):
+    """pytest-benchmark writes its JSON after the last test; its folder gone by then (a file in its place: refused even
+    to root) is one warning, in the record and on standard error, never a lost record or a red claim."""
+    slot = pytester.path / "timings"
+    pytester.makepyfile(test_timed=f'''
+import pathlib
+import shutil
+
+import pytest
+
+
+def test_timed(benchmark):
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    shutil.rmtree(r"{slot}")
+    pathlib.Path(r"{slot}").write_text("a file where the timings' folder was")
+''' + _ONE_CLAIM)
+    result = run(pytester, "-q", f"--benchmark-json={slot / 'benchmarks.json'}")
+    assert result.ret == 0, result.stdout.str()[-2000:] + result.stderr.str()[-2000:]
+    said = (f"the benchmark timings could not be written to {slot / 'benchmarks.json'} (Not a directory); nothing was written")
+    run_info = record(pytester)["run"]
+    assert run_info["warnings"] == [said] and run_info["benchmarks"] is None
+    assert record(pytester)["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.REPRODUCED
+    assert [line for line in errors(result) if "benchmark" in line] == [f"WARNING: {said}"]
+
+
+def test_a_claim_test_interrupted_mid_run_is_recorded_as_interrupted(pytester):
+    """Ctrl-C during a claim's test: that claim and the selected ones after it are *interrupted*, never "not selected";
+    the finished one keeps its verdict; the record is kept in runs/, and the latest run.json is not replaced."""
+    from cheapinfer.harness import report
+
+    pytester.makepyfile(test_interrupted='''
+import pytest
+''' + _ONE_CLAIM + '''
+
+@pytest.mark.claim("KV-MHA-7X")
+def test_stopped(claim):
+    raise KeyboardInterrupt  # Ctrl-C, halfway through this claim's measurement
+
+
+@pytest.mark.claim("KV-MACS")
+def test_never_started(claim):
+    pass
+''')
+    result = run(pytester, "-q", no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()[-2000:]
+    kept = record(pytester, latest=False)
+    assert kept["run"]["interrupted"] is True and not (pytester.path / "reports" / "run.json").exists()
+    reasons = {cid: [r.get("reason") for r in kept["claims"][cid]["results"]] for cid in ("KV-MHA-7X", "KV-MACS", "KV-IDENTITY")}
+    assert reasons == {"KV-MHA-7X": [report.INTERRUPTED_REASON], "KV-MACS": [report.INTERRUPTED_REASON],
+                       "KV-IDENTITY": ["its test was not selected in this run"]}
+    assert kept["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.REPRODUCED
+    assert "(interrupted)" in result.stdout.str()
+
+
+def test_a_plugin_from_another_copy_than_the_checkout_is_refused(tmp_path):
+    """A non-editable install, or another checkout's plugin, would judge this checkout's claims with code it did not ship."""
+    from fixtures.options import plugin_elsewhere
+
+    (tmp_path / "fixtures").mkdir()
+    (tmp_path / "fixtures" / "plugin.py").write_text("")
+    said = plugin_elsewhere(tmp_path)
+    assert said == (f"the suite's pytest plugin is imported from {ROOT / 'fixtures'}, not from this checkout ({tmp_path / 'fixtures'}): "
+                    "install the checkout editable (pip install -e '.[test]'), so that the plugin and claims/ are the same version")
+    assert plugin_elsewhere(ROOT) is None and plugin_elsewhere(tmp_path / "elsewhere") is None  # not a checkout: nothing to mix up
