@@ -1,9 +1,23 @@
-"""Root conftest: the suite's fixtures live in fixtures/ as pytest plugins.
+"""Root conftest. The suite's pytest plugin is ``fixtures/plugin.py`` (see its docstring), the package's ``pytest11``
+entry point ``cheapinfer``: pytest has loaded it before it reads this file, wherever it started. Here it is loaded
+only where no entry point did (the checkout on ``PYTHONPATH`` without an install, or ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``),
+under the same name, so that it is registered once; ``-p no:cheapinfer`` leaves it out either way.
 
-fixtures/plugin.py: the suite's plugin (options, selection, recording, profiles: see its docstring).
-fixtures/quant.py: quantized variants of the trained profiles, built once per session.
-fixtures/evaluation.py: the corpus, the battery and the evaluation table, built once per session.
-fixtures/batch_curve.py: the batch curve and the serving models, measured once per claim module.
+``pytester``: the plugin's own tests (``tests/test_plugin.py``) run it on made-up claim tests with pytest's pytester.
 """
 
-pytest_plugins = ["fixtures.plugin", "fixtures.quant", "fixtures.evaluation", "fixtures.batch_curve", "pytester"]
+import sys
+
+pytest_plugins = ["pytester"]
+
+
+def pytest_addoption(parser, pluginmanager) -> None:
+    # Called as this file is registered, before the command line is parsed: the plugin's options still count.
+    loaded = sys.modules.get("fixtures.plugin")
+    if pluginmanager.is_blocked("cheapinfer") or (loaded is not None and pluginmanager.is_registered(loaded)):
+        return
+    import fixtures.plugin
+
+    # Under its entry point's name; an environment installed before the plugin was the entry point has the options module
+    # there (it adds the options, and the plugin adds them only where they are missing).
+    pluginmanager.register(fixtures.plugin, fixtures.plugin.NAME if not pluginmanager.has_plugin(fixtures.plugin.NAME) else "fixtures.plugin")

@@ -271,7 +271,7 @@ def test_a_cache_that_is_a_file_is_one_line(where, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# the options are a pytest11 entry point: known wherever pytest starts, added exactly once
+# the options are the plugin's, a pytest11 entry point: known wherever pytest starts, added exactly once
 # ----------------------------------------------------------------------------------------------
 
 
@@ -318,18 +318,12 @@ def test_a_16_bit_twin_on_a_cpu_is_one_line_and_a_usage_error(tmp_path):
     assert not list(tmp_path.iterdir())  # no record written
 
 
-def test_the_options_module_imports_nothing_heavy():
-    """pytest imports every entry point at its start, for any project: no torch there."""
-    code = "import sys, cheapinfer.harness.pytest_options; print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr
-
-
-def test_the_options_are_an_installed_pytest11_entry_point():
+def test_the_plugin_is_an_installed_pytest11_entry_point():
+    """The plugin, options included, is what pytest loads wherever it starts (``tests/test_plugin.py`` runs it each way)."""
     from importlib.metadata import entry_points
 
     [ep] = [ep for ep in entry_points(group="pytest11") if ep.name == "cheapinfer"]
-    assert ep.value == "cheapinfer.harness.pytest_options"
+    assert ep.value == "fixtures.plugin"
 
 
 def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_checkout(tmp_path):
@@ -351,23 +345,6 @@ def test_the_issues_invocation_parses_from_the_checkout(tmp_path):
     run = python_m("pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "-q", *co, cwd=ROOT, timeout=600)
     assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert co or (" skipped" in run.stdout.splitlines()[-1] and " passed" not in run.stdout.splitlines()[-1]), run.stdout[-500:]
-
-
-@pytest.mark.parametrize("how", ["entry-point", "no:cheapinfer", "no-autoload"])
-def test_the_options_are_added_exactly_once_with_or_without_the_entry_point(how, tmp_path):
-    """Loaded by the entry point, the plugin adds no second copy (argparse would refuse); without it
-    (``-p no:cheapinfer``, or no plugin autoloading) the plugin adds them itself."""
-    env = {**os.environ}
-    extra = []
-    if how == "no:cheapinfer":
-        extra = ["-p", "no:cheapinfer"]
-    elif how == "no-autoload":
-        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        extra = ["-p", "pytest_benchmark.plugin"]
-    run = python_m("pytest", "-p", "no:cacheprovider", *extra, "tests/test_budget_cli.py", "--co", "-q",
-                          "--report-dir", str(tmp_path), "--fault", "kv-bytes-counts-query-heads", "--help", cwd=ROOT, timeout=300, env=env)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert run.stdout.count("--report-dir=DIR") == 1 and run.stdout.count("chapter claims:") == 1
 
 
 def test_a_package_that_is_not_this_checkouts_is_one_line(tmp_path):

@@ -170,8 +170,12 @@ def test_no_module_is_over_the_size_limit():
 
 
 def _plugin_modules(root: Path = ROOT) -> set[str]:
-    """The pytest plugin modules: the root conftest's ``pytest_plugins`` and those the plugin loads in turn."""
-    found, todo = set(), [root / "conftest.py"]
+    """The pytest plugin modules: the package's ``pytest11`` entry points and those they load in turn (``pytest_plugins``)."""
+    import tomllib
+
+    entry = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"]["pytest11"]
+    found = set(entry.values())
+    todo = [root / (name.replace(".", "/") + ".py") for name in found]
     while todo:
         tree = ast.parse(todo.pop().read_text(encoding="utf-8"))
         for node in tree.body:
@@ -207,13 +211,13 @@ def test_claims_hold_only_thin_claim_tests():
     ``cheapinfer.testing``), never from ``fixtures/``, whose modules are the plugin's."""
     bad = _claim_module_faults()
     assert not bad, "\n".join(bad)
-    assert {"fixtures.plugin", "fixtures.profiles", "fixtures.batch_curve"} <= _plugin_modules()
+    assert {"fixtures.plugin", "fixtures.options", "fixtures.profiles", "fixtures.batch_curve"} <= _plugin_modules()
 
 
 def test_the_claims_check_sees_a_plain_test_and_a_plugin_import(tmp_path):
     (tmp_path / "claims").mkdir()
     (tmp_path / "fixtures").mkdir()
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["fixtures.plugin"]\n')
+    (tmp_path / "pyproject.toml").write_text('[project.entry-points.pytest11]\nx = "fixtures.plugin"\n')
     (tmp_path / "fixtures" / "plugin.py").write_text('pytest_plugins = ["fixtures.curve"]\n')
     (tmp_path / "fixtures" / "curve.py").write_text("")
     (tmp_path / "claims" / "test_x.py").write_text(

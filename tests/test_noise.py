@@ -6,7 +6,6 @@ import statistics
 import pytest
 
 from cheapinfer.runtime import timing
-from harness import python_m
 from cheapinfer.runtime.timing import Samples
 
 
@@ -53,28 +52,23 @@ def test_rounds_stop_at_the_budget_and_the_margin_stays_undecided():
     assert timing.undecided(timing.estimates(samples, lambda t: {"r": t["a"] / t["b"]}), {"r": 1.5}, 3.0) == ["r"]
 
 
-def test_an_inconclusive_claim_is_neither_green_nor_red_and_the_report_says_why(tmp_path):
+def test_an_inconclusive_claim_is_neither_green_nor_red_and_the_report_says_why(pytester):
     """Through the plugin: the test is an xfail with the numbers, the run exits 0, the record says inconclusive, and the
     errata report lists it under Inconclusive with its noise, margin, load and what to do, never as a candidate erratum."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    test = tmp_path / "test_noisy_claim.py"
-    test.write_text(
+    from plugin_runs import run
+
+    pytester.makepyfile(test_noisy_claim=
         "import pytest\n\n"
         "@pytest.mark.claim('KV-DECODE-FLAT')\n"
         "def test_flat(claim):\n"
         "    claim.verify('twin', step_ratio=1.2, step_ratio_se=0.5, cache_grows_by_one=True, logit_change_vs_no_context=1.0, timed_forwards=1, timed_forwards_max=1)\n"
     )
-    reports = tmp_path / "reports"
-    run = python_m("pytest", str(test), "-p", "fixtures.plugin", "-p", "no:cacheprovider", "-q", "-rx",
-                          f"--report-dir={reports}", f"--rootdir={tmp_path}", cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "1 xfailed" in run.stdout and "inconclusive: KV-DECODE-FLAT step_ratio" in run.stdout
+    reports = pytester.path / "reports"
+    result = run(pytester, "-q", "-rx")
+    assert result.ret == 0, result.stdout.str()[-2000:] + result.stderr.str()[-2000:]
+    assert "1 xfailed" in result.stdout.str() and "inconclusive: KV-DECODE-FLAT step_ratio" in result.stdout.str()
     record = json.loads((reports / "run.json").read_text())
     result = record["claims"]["KV-DECODE-FLAT"]["results"][0]
     assert record["claims"]["KV-DECODE-FLAT"]["verdict"] == "inconclusive" and not record["errata"]

@@ -1,4 +1,5 @@
-"""A non-editable install carries the whole package: every module and the data files it reads."""
+"""A non-editable install carries the whole package: every module and the data files it reads, and the pytest plugin
+(``fixtures/``) that its ``pytest11`` entry point imports."""
 
 import shutil
 import subprocess
@@ -19,7 +20,9 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_package(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("cheapinfer-*.whl")
     with zipfile.ZipFile(wheel) as z:
-        held = {n for n in z.namelist() if n.startswith("cheapinfer/")}
-    source = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cheapinfer").rglob("*")
+        held = {n for n in z.namelist() if n.startswith(("cheapinfer/", "fixtures/"))}
+        [entry_points] = [z.read(n).decode() for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    source = {p.relative_to(ROOT).as_posix() for d in ("cheapinfer", "fixtures") for p in (ROOT / d).rglob("*")
               if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".toml")}
     assert source - held == set()
+    assert "[pytest11]\ncheapinfer = fixtures.plugin" in entry_points, entry_points

@@ -110,7 +110,10 @@ import pytest
 
 from cheapinfer.runtime import premise
 
-if {fake_gpu}:  # the run's device seen as a GPU whose kernels take 1 ms: the 20 ms step (a sleep: the host) binds
+@pytest.fixture(autouse={fake_gpu})
+def _fake_gpu(monkeypatch):
+    """The run's device seen as a GPU whose kernels take 1 ms: the 20 ms step (a sleep: the host) binds. Undone after the
+    test (the run shares this process with the tests that started it)."""
     real = premise.device_bound
 
     def on_a_fake_gpu(steps, device, **kw):
@@ -122,7 +125,7 @@ if {fake_gpu}:  # the run's device seen as a GPU whose kernels take 1 ms: the 20
 
         return real(steps, "cuda:0", rounds=3, timer=timer)
 
-    premise.device_bound = on_a_fake_gpu
+    monkeypatch.setattr(premise, "device_bound", on_a_fake_gpu)
 
 
 @pytest.mark.claim("KV-DECODE-FLAT")
@@ -136,27 +139,21 @@ def test_flat(claim, timed):
 
 
 @pytest.mark.parametrize("fake_gpu", [True, False])
-def test_through_the_plugin_a_host_bound_step_is_inconclusive_and_a_cpu_judges(tmp_path, fake_gpu):
+def test_through_the_plugin_a_host_bound_step_is_inconclusive_and_a_cpu_judges(pytester, fake_gpu):
     """The timed fixture measures the premise of the steps it timed and the claim's verdict reads it: on a (faked) GPU
     where a sleep in the step binds, inconclusive with the numbers; on the CPU, by construction, the ratio is judged."""
     import json
-    import os
-    from pathlib import Path
 
-    from harness import python_m
+    from plugin_runs import run
 
-    root = Path(__file__).resolve().parent.parent
-    (tmp_path / "test_clocked.py").write_text(_PLUGIN_TEST.format(fake_gpu=fake_gpu))
-    reports = tmp_path / "reports"
-    run = python_m("pytest", str(tmp_path / "test_clocked.py"), "-p", "fixtures.plugin", "-p", "no:cacheprovider", "-q", "-rx",
-                   "--device", "cpu", f"--report-dir={reports}", f"--rootdir={tmp_path}", cwd=tmp_path, timeout=300,
-                   env={**os.environ, "PYTHONPATH": str(root)})
-    result = json.loads((reports / "run.json").read_text())["claims"]["KV-DECODE-FLAT"]["results"][0]
+    pytester.makepyfile(test_clocked=_PLUGIN_TEST.format(fake_gpu=fake_gpu))
+    ran = run(pytester, "-q", "-rx", "--device", "cpu")
+    result = json.loads((pytester.path / "reports" / "run.json").read_text())["claims"]["KV-DECODE-FLAT"]["results"][0]
     measured = result["measured"]
     if fake_gpu:
-        assert run.returncode == 0 and "1 xfailed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+        assert ran.ret == 0 and "1 xfailed" in ran.stdout.str(), ran.stdout.str()[-2000:] + ran.stderr.str()[-2000:]
         assert result["verdict"] == registry.INCONCLUSIVE and measured["device_bound"] is False
         assert "host-bound on cuda:0" in measured["device_bound_why"] and measured["host_share"] > premise.HOST_SHARE
     else:
-        assert run.returncode == 1 and result["verdict"] == registry.DEVIATES, run.stdout[-2000:]
+        assert ran.ret == 1 and result["verdict"] == registry.DEVIATES, ran.stdout.str()[-2000:]
         assert measured["device_bound"] is True and measured["device_bound_why"] == premise.CPU_WHY

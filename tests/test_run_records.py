@@ -19,6 +19,7 @@ import pytest
 
 from cheapinfer.harness import report, schema, tables
 from harness import python_m
+from plugin_runs import errors, run as plugin_run
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_CLAIM = ["claims/test_kv_cache.py::test_kv_cache_is_12288_bytes_per_token"]
@@ -30,6 +31,30 @@ def _pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return python_m("pytest", "-p", "no:cacheprovider", "-q", *args, cwd=cwd)
 
 
+#: A made-up claim test (the runs below check the plugin's configure, collection and record, not a measurement).
+CLAIM_TEST = """
+import pytest
+
+
+@pytest.mark.claim("KV-BYTES-FORMULA")
+def test_claim(claim):
+    from cheapinfer.chapter import kv
+    from cheapinfer.runtime.arch import QWEN25_05B
+
+    claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))
+"""
+
+
+def _plugin_usage_error(pytester: pytest.Pytester, *args: str, code: int = 4) -> str:
+    """The one line on standard error of a run of :data:`CLAIM_TEST` through the plugin (pytester) that ends with ``code``."""
+    pytester.makepyfile(test_claim=CLAIM_TEST)
+    result = plugin_run(pytester, "-q", *args)  # the last --report-dir given wins
+    assert result.ret == code, result.stdout.str()[-2000:] + result.stderr.str()[-2000:]
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert len(errors(result)) == 1, result.stderr.str()
+    return errors(result)[0]
+
+
 def _usage_error(run: subprocess.CompletedProcess, code: int = 4) -> str:
     """The one line on standard error of a run that ends with ``code`` (a pytest usage error: 4), with no traceback."""
     assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
@@ -39,18 +64,18 @@ def _usage_error(run: subprocess.CompletedProcess, code: int = 4) -> str:
     return lines[0]
 
 
-def test_a_report_dir_that_is_a_file_is_a_usage_error_before_any_test(tmp_path):
-    target = tmp_path / "reports"
+def test_a_report_dir_that_is_a_file_is_a_usage_error_before_any_test(pytester):
+    target = pytester.path / "out"
     target.write_text("a file")
-    line = _usage_error(_pytest(*ONE_CLAIM, f"--report-dir={target}"))
+    line = _plugin_usage_error(pytester, f"--report-dir={target}")
     assert line == f"ERROR: --report-dir {target}: it is a file, not a directory"
     assert target.read_text() == "a file"
 
 
-def test_a_report_dir_that_cannot_be_created_is_a_usage_error(tmp_path):
-    (tmp_path / "file").write_text("")
-    line = _usage_error(_pytest(*ONE_CLAIM, f"--report-dir={tmp_path / 'file' / 'reports'}"))
-    assert f"its parent {tmp_path / 'file'} is a file, not a directory" in line  # the real cause, never "File exists"
+def test_a_report_dir_that_cannot_be_created_is_a_usage_error(pytester):
+    (pytester.path / "file").write_text("")
+    line = _plugin_usage_error(pytester, f"--report-dir={pytester.path / 'file' / 'reports'}")
+    assert f"its parent {pytester.path / 'file'} is a file, not a directory" in line  # the real cause, never "File exists"
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a user whom file permissions bind (not root)")
@@ -138,22 +163,21 @@ def _unchanged(out: Path, before: dict[str, bytes]) -> bool:
     return {name: (out / name).read_bytes() for name in before} == before
 
 
-def test_a_usage_error_in_the_marker_expression_replaces_no_record(tmp_path):
+def test_a_usage_error_in_the_marker_expression_replaces_no_record(pytester):
     """``pytest -m "nto slow"`` (exit 4) used to replace run.json and errata.md with an empty record."""
-    out = tmp_path / "reports"
+    out = pytester.path / "reports"
     before = _seeded(out)
-    run = _pytest("claims/test_kv_cache.py", "-m", "nto slow", f"--report-dir={out}")
-    assert _usage_error(run) == "ERROR: Wrong expression passed to '-m': nto slow: at column 5: expected end of input; got identifier"
+    line = _plugin_usage_error(pytester, "-m", "nto slow")
+    assert line == "ERROR: Wrong expression passed to '-m': nto slow: at column 5: expected end of input; got identifier"
     assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
 
 
-def test_a_collection_error_replaces_no_record(tmp_path):
-    out = tmp_path / "reports"
+def test_a_collection_error_replaces_no_record(pytester):
+    out = pytester.path / "reports"
     before = _seeded(out)
-    broken = tmp_path / "test_broken.py"
-    broken.write_text("def test_broken(:\n")
-    run = _pytest(str(broken), *ONE_CLAIM, f"--rootdir={ROOT}", f"--report-dir={out}")
-    assert run.returncode == 2 and "1 error during collection" in run.stdout, run.stdout[-2000:]
+    pytester.makepyfile(test_broken="def test_broken(:\n", test_claim=CLAIM_TEST)
+    result = plugin_run(pytester, "-q")
+    assert result.ret == 2 and "1 error during collection" in result.stdout.str(), result.stdout.str()[-2000:]
     assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
 
 
@@ -181,14 +205,14 @@ def test_a_run_of_the_suites_own_tests_replaces_no_record(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["below-a-file", "a-directory"])
-def test_an_unwritable_benchmark_json_is_a_usage_error_before_any_test(where, tmp_path):
+def test_an_unwritable_benchmark_json_is_a_usage_error_before_any_test(where, pytester):
     """pytest-benchmark writes its JSON after the last test; failing there used to lose the run's record."""
-    (tmp_path / "file").write_text("")
-    path = tmp_path / "file" / "benchmarks.json" if where == "below-a-file" else tmp_path
-    line = _usage_error(_pytest(*ONE_TIMED_CLAIM, f"--report-dir={tmp_path / 'out'}", f"--benchmark-json={path}"))
-    message = f"its directory {tmp_path / 'file'}: it is a file, not a directory" if where == "below-a-file" else "it is a directory, not a file"
+    (pytester.path / "file").write_text("")
+    path = pytester.path / "file" / "benchmarks.json" if where == "below-a-file" else pytester.path
+    line = _plugin_usage_error(pytester, f"--benchmark-json={path}")
+    message = f"its directory {pytester.path / 'file'}: it is a file, not a directory" if where == "below-a-file" else "it is a directory, not a file"
     assert line == f"ERROR: --benchmark-json {path}: {message}"
-    assert not (tmp_path / "out" / report.RECORD_NAME).exists()
+    assert not (pytester.path / "reports" / report.RECORD_NAME).exists()
 
 
 def _enospc(*args, **kwargs):

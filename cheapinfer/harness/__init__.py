@@ -6,7 +6,7 @@
   reports print them), ``load`` (the machine's load);
 - ``report`` (run.json and errata.md), ``errata`` (its errata sections), ``tables`` (Markdown building blocks);
 - ``compare`` and ``merge`` of records; ``matrix``, ``families`` and ``stress`` (``verify --isa-matrix``
-  and ``--stress``); ``pytest_options`` (the options' pytest11 entry point).
+  and ``--stress``); ``pytest_options`` (the options of the suite's pytest plugin).
 
 No torch: nothing here imports it, so that reading, comparing and reporting records works anywhere
 (``tests/test_layout.py``). May import the modules of ``cheapinfer.runtime`` that load no torch (``cli``, ``memory``,

@@ -1,13 +1,11 @@
-"""The suite's pytest options (the ``cheapinfer`` group), known wherever pytest starts.
+"""The suite's pytest options (the ``cheapinfer`` group), added by its plugin (``fixtures/options.py``).
 
-pytest loads this module as the ``pytest11`` entry point ``cheapinfer`` (see ``pyproject.toml``), before it
-reads the command line to find the rootdir and the checkout's ``conftest.py``. So ``pytest -m gpu
---report-dir DIR`` parses DIR as the option's value, not as a test path, wherever DIR is. The suite's
-plugin (``fixtures/plugin.py``, which is not installed) uses the options; when this entry point is not
-loaded (``-p no:cheapinfer``, ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, or the package used from a checkout
-without being installed), the plugin adds them itself (:func:`ensure`): they are added exactly once.
+The plugin is the ``pytest11`` entry point ``cheapinfer`` (``pyproject.toml``), loaded before pytest reads the
+command line to find the rootdir and the checkout's ``conftest.py``: ``pytest -m gpu --report-dir DIR`` parses DIR
+as the option's value, wherever DIR is. An environment installed while this module was the entry point registers
+it under that name: it then adds the options first, and :func:`ensure` adds none twice.
 
-Nothing heavy is imported here (no torch): pytest imports every entry point at its start.
+Nothing heavy is imported here (no torch).
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ from __future__ import annotations
 
 import pytest
 
-#: The entry point's name: ``-p no:cheapinfer`` leaves it out.
-NAME = "cheapinfer"
 #: ``--twin-dtype`` choices: the keys of ``cheapinfer.runtime.models.DTYPES`` (a self-test checks that they agree).
 TWIN_DTYPES = ("fp32", "fp16", "bf16")
 #: Options naming a path or a name: an empty value is a usage error, never the default.
@@ -41,8 +37,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def ensure(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
-    """Add the options unless they are there already: this module, registered as a plugin, adds them too (the one
-    that comes second adds nothing; with ``-p fixtures.plugin`` the plugin comes first)."""
+    """Add the options unless they are there already (this module registered as a plugin of its own, in an environment
+    installed while it was the entry point, added them first)."""
     pytest_addoption(parser)
 
 
