@@ -471,3 +471,17 @@ def test_a_check_gated_by_a_premise_is_asserted_only_where_the_premise_holds(pre
     judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == verdict
     assert next(o for o in judged.outcomes if o.check.q == "speedup").asserted == premise
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_clocked_claim_gives_its_timing_one_bound_per_noisy_quantity(device):
+    """The timing spends extra rounds while a noisy check is within its noise (fixtures.profiles.noisy_bounds): one bound
+    per quantity, per claim and for the claims the batch curve times together. A limit is decided within its noise
+    (it passes there), so it asks for no rounds and may bound a quantity from the other side."""
+    from cheapinfer.chapter.batch_curve import CURVE_CLAIMS
+    from fixtures.profiles import noisy_bounds
+
+    for claim_id in registry.load():
+        noisy_bounds((claim_id,), device)
+    bounds = noisy_bounds(CURVE_CLAIMS, device)
+    assert bounds["gain_before_knee"] == 1.5
