@@ -183,13 +183,14 @@ def test_merge_json(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "reason, regression",
-    [("error before a verdict: ImportError: cannot import name 'DynamicCache'", True), ("needs a CUDA device; this run uses cpu", False)],
+    "reason, error, regression",
+    [("error before a verdict: ImportError: cannot import name 'DynamicCache'", True, True), ("needs a CUDA device; this run uses cpu", False, False)],
     ids=["error", "skip"],
 )
-def test_a_claim_that_errors_is_a_regression_and_one_that_is_skipped_is_not(reason, regression):
+def test_a_claim_that_errors_is_a_regression_and_one_that_is_skipped_is_not(reason, error, regression):
     before, after = built(), built()
-    after["claims"]["KV-SPEEDUP-48"]["results"] = [{"claim": "KV-SPEEDUP-48", "profile": "twin", "device": "cpu", "verdict": "not run", "reason": reason, "measured": {}, "checks": []}]
+    after["claims"]["KV-SPEEDUP-48"]["results"] = [{"claim": "KV-SPEEDUP-48", "profile": "twin", "device": "cpu", "verdict": "not run", "reason": reason,
+                                                    "harness_error": error, "measured": {}, "checks": []}]
     [change] = cmp.compare(before, after)
     assert (change.claim, change.before, change.after, change.regression) == ("KV-SPEEDUP-48", "shape holds", "not run", regression)
 

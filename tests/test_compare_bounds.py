@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from cheapinfer.faults.records import COMPARE, RECORD_FAULTS
-from cheapinfer.harness import compare as cmp
+from cheapinfer.harness import compare as cmp, schema
 from cheapinfer.harness.record import ERROR_REASON
 from cheapinfer.harness.registry import DEVIATES, ERRATUM, INCONCLUSIVE, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 
@@ -43,7 +43,7 @@ def record(value: Any, checks: list[dict[str, Any]], *, se: float | None = None,
     check = {"q": Q, "measured": value, "asserted": asserted, **({"se": se} if se is not None else {})}
     entry = {"profile": PROFILE, "verdict": verdict, "checks": [check] if verdict != NOT_RUN else [], **result}
     claim = {"verdict": verdict, "book": {} if book is None else {Q: book}, "checks": checks, "results": [entry]}
-    return {"schema": 1, "suite": "cheapinfer test", "run": {"id": run}, "environment": {}, "claims": {CID: claim}}
+    return {"schema": schema.RUN_SCHEMA, "suite": "cheapinfer test", "run": {"id": run}, "environment": {}, "claims": {CID: claim}}
 
 
 def outcome(before: dict, after: dict, reruns: tuple[list, list] = ([], [])) -> str:
@@ -153,7 +153,9 @@ CASES |= {
     "verdict deviates -> inconclusive": (verdict_moved(DEVIATES, INCONCLUSIVE), CHANGE),
     "verdict shape holds -> inconclusive": (verdict_moved(SHAPE_HOLDS, INCONCLUSIVE), CHANGE),
     "verdict shape holds -> harness error": (verdict_moved(SHAPE_HOLDS, NOT_RUN, reason="raised", harness_error=True), REGRESSION),
-    "verdict shape holds -> harness error (schema 1 reason)": (verdict_moved(SHAPE_HOLDS, NOT_RUN, reason=f"{ERROR_REASON}: ImportError"), REGRESSION),
+    "verdict shape holds -> harness error (schema 1 reason)": (lambda: outcome(record(2.0, LOWER[">"]), schema.upgrade(
+        record(2.0, LOWER[">"], verdict=NOT_RUN, reason=f"{schema.SCHEMA_1_ERROR_PREFIX}: ImportError") | {"schema": 1})), REGRESSION),
+    "verdict shape holds -> not run, its reason's words only (schema 2)": (verdict_moved(SHAPE_HOLDS, NOT_RUN, reason=f"{ERROR_REASON}: ImportError"), CHANGE),
     "verdict shape holds -> skipped": (verdict_moved(SHAPE_HOLDS, NOT_RUN, reason="needs a CUDA device"), CHANGE),
     "verdict harness error -> shape holds": (lambda: outcome(record(2.0, [], verdict=NOT_RUN, reason="raised", harness_error=True),
                                                               record(2.0, [])), CHANGE),

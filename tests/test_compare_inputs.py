@@ -72,7 +72,7 @@ def _broken(kind: str) -> dict | bytes:
     elif kind == "no-suite":
         del rec["suite"]
     elif kind == "another-schema":
-        rec["schema"] = 2
+        rec["schema"] = 3
     elif kind == "no-schema":
         del rec["schema"]
     elif kind == "unknown-claim-verdict":
@@ -109,8 +109,8 @@ def test_compare_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path
     [
         ("another-suite", "'suite': expected 'cheapinfer <version>', not 'otherbench 2.0'"),
         ("no-suite", "'suite': expected 'cheapinfer <version>', and the record has none"),
-        ("another-schema", "'schema': expected 1 (the schemas this version reads), not 2"),
-        ("no-schema", "'schema': expected 1, and the record has none"),
+        ("another-schema", "'schema': expected 1 or 2 (the schemas this version reads), not 3"),
+        ("no-schema", "'schema': expected 1 or 2, and the record has none"),
         ("unknown-claim-verdict", f"claim KV-IDENTITY: 'verdict': expected one of {', '.join(registry.VERDICTS)}, not 'maybe'"),
         ("unknown-result-verdict", f"claim KV-IDENTITY: results[0]: 'verdict': expected one of {', '.join(registry.VERDICTS)}, not 'maybe'"),
         ("huge-measured", "claims.KV-IDENTITY.results[0].checks[0].measured: an integer of about 401 digits, beyond the range of a float"),
@@ -215,10 +215,10 @@ def test_merge_overwrites_its_own_earlier_output(tmp_path):
     assert json.loads(js.read_text())["machines"]
 
 
-def _not_run(rec: dict, cid: str, reason: str) -> dict:
+def _not_run(rec: dict, cid: str, reason: str, error: bool = False) -> dict:
     rec = copy.deepcopy(rec)
     claim = rec["claims"][cid]
-    claim["results"] = [{**r, "verdict": "not run", "reason": reason, "checks": [], "measured": {}} for r in claim["results"]]
+    claim["results"] = [{**r, "verdict": "not run", "reason": reason, "harness_error": error, "checks": [], "measured": {}} for r in claim["results"]]
     claim["verdict"] = "not run"
     return rec
 
@@ -227,7 +227,7 @@ def test_compare_prints_the_reason_of_every_not_run_and_keeps_harness_errors_apa
     before = _record()
     passing = [cid for cid, c in before["claims"].items() if c["verdict"] in ("reproduced", "shape holds") and c["results"][0]["profile"] != "-"]
     errored, skipped = passing[0], passing[1]
-    after = _not_run(before, errored, "error before a verdict: ImportError: cannot import name 'DynamicCache'")
+    after = _not_run(before, errored, "error before a verdict: ImportError: cannot import name 'DynamicCache'", error=True)
     after = _not_run(after, skipped, "needs a CUDA device; this run uses cpu")
     a, b = _write(before, tmp_path / "before.json"), _write(after, tmp_path / "after.json")
     assert compare_cli([str(a), str(b)]) == 1  # a passing claim whose test now raises: a regression

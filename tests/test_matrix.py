@@ -66,7 +66,7 @@ def test_cells_of_a_missing_record_an_unselected_test_and_an_error_say_so():
     assert matrix.cell(unselected) == {"verdict": "not run", "reason": "its test was not selected in this run"}
     errored = record()
     errored["claims"]["KV-HEAD-TIMING"]["verdict"] = "not run"
-    errored["claims"]["KV-HEAD-TIMING"]["results"][0].update(verdict="not run", reason="error before a verdict: RuntimeError: boom")
+    errored["claims"]["KV-HEAD-TIMING"]["results"][0].update(verdict="not run", reason="error before a verdict: RuntimeError: boom", harness_error=True)
     assert matrix.cell(errored["claims"]["KV-HEAD-TIMING"])["verdict"] == "error"
 
 
@@ -102,7 +102,7 @@ def test_inconclusive_not_run_and_the_same_red_everywhere_are_no_flips():
 def test_an_error_in_one_family_beside_a_green_one_is_a_flip():
     errored = record()
     errored["claims"]["KV-HEAD-TIMING"]["verdict"] = "not run"
-    errored["claims"]["KV-HEAD-TIMING"]["results"][0].update(verdict="not run", reason="error before a verdict: Illegal instruction")
+    errored["claims"]["KV-HEAD-TIMING"]["results"][0].update(verdict="not run", reason="error before a verdict: Illegal instruction", harness_error=True)
     [flip] = matrix.flips(matrix.table({"avx2": errored, "default": record()}, CLAIMS))
     assert flip["claim"] == "KV-HEAD-TIMING" and flip["red"]["avx2"]["verdict"] == "error"
 

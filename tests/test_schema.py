@@ -119,3 +119,50 @@ def test_the_record_schema_names_every_verdict_the_registry_knows_only_at_read_t
         schema.check_record(rec)
     monkeypatch.setattr(registry, "VERDICTS", (*registry.VERDICTS, "new verdict"))
     schema.check_record(rec)
+
+
+# ------------------------------------------------------------------------------------------------
+# records of schema 1: still read, in this version's shape
+# ------------------------------------------------------------------------------------------------
+
+#: A record of schema 1 as release 0.1.0 wrote it, cut to six claims: SPEC-GAMMA8 holds its erratum under ``erratum``
+#: only (records before several per claim), the others under both keys; KV-IDENTITY's book profile is a harness
+#: error said only by its reason's prefix (records before the ``harness_error`` field).
+SCHEMA_1 = RECORD.parent / "run-record-schema-1.json"
+
+
+def test_a_schema_1_record_is_read_in_this_versions_shape():
+    raw = json.loads(SCHEMA_1.read_text(encoding="utf-8"))
+    assert raw["schema"] == 1 and "errata" not in raw["claims"]["SPEC-GAMMA8"] and "erratum" in raw["claims"]["SPEC-GAMMA8"]
+    read = schema.read_record(SCHEMA_1)
+    assert read["schema"] == 1 and not any("erratum" in c for c in read["claims"].values())
+    assert read["claims"]["SPEC-GAMMA8"]["errata"] == [raw["claims"]["SPEC-GAMMA8"]["erratum"]]
+    assert read["claims"]["Q-DOWNPROJ-STATS"]["errata"] == raw["claims"]["Q-DOWNPROJ-STATS"]["errata"]
+    book = [r for r in read["claims"]["KV-IDENTITY"]["results"] if r["profile"] == "book"]
+    assert [r.get("harness_error") for r in book] == [True] and record.is_harness_error(book[0])
+
+
+def test_an_erratum_of_schema_1_that_is_no_object_is_one_line():
+    raw = json.loads(SCHEMA_1.read_text(encoding="utf-8"))
+    raw["claims"]["SPEC-GAMMA8"]["erratum"] = "stale"
+    with pytest.raises(schema.RecordError, match=r"^claim SPEC-GAMMA8: 'erratum': expected an object or null$"):
+        schema.upgrade(schema.check_record(raw))
+
+
+def test_compare_and_merge_read_a_schema_1_record_beside_this_versions(tmp_path, capsys):
+    """A harness error said by the reason's prefix still reads as one; the erratum under ``erratum`` still renders."""
+    from cheapinfer.harness import compare, merge
+
+    now = schema.upgrade(schema.check_record(json.loads(SCHEMA_1.read_text(encoding="utf-8"))))
+    now["schema"] = schema.RUN_SCHEMA
+    for r in now["claims"]["KV-IDENTITY"]["results"]:
+        if r["profile"] == "book":
+            r.update(verdict=registry.REPRODUCED, reason="", harness_error=False, checks=[])
+    (tmp_path / "now.json").write_text(json.dumps(now), encoding="utf-8")
+    assert compare.compare_cli([str(tmp_path / "now.json"), str(SCHEMA_1)]) == 1
+    out = capsys.readouterr().out
+    assert "HARNESS     KV-IDENTITY [book] verdict: reproduced -> not run (error before a verdict: ImportError" in out
+    assert merge.merge_cli([str(SCHEMA_1), str(tmp_path / "now.json")]) == 0
+    assert "| SPEC-GAMMA8 | erratum (arithmetic: speedup_a09 2.356) | erratum (arithmetic: speedup_a09 2.356) |" in capsys.readouterr().out
+    evidence = report.evidence_markdown(schema.read_record(SCHEMA_1))
+    assert "### SPEC-GAMMA8 (inconsistency)" in evidence and "### Q-DOWNPROJ-STATS (translation)" in evidence

@@ -19,16 +19,15 @@ from .schema import ResultEntry
 
 
 
-#: How a result that is *not run* because its test raised before a verdict (an error, not a skip) begins its
-#: reason; the result also says so in its ``harness_error`` field (records written before that field: the prefix).
+#: How the reason of a result that is *not run* because its test raised before a verdict (an error, not a skip) begins,
+#: for a reader; what says so is its ``harness_error`` field (records of schema 1 said it by this prefix only, and
+#: :func:`cheapinfer.harness.schema.upgrade` reads them so).
 ERROR_REASON = "error before a verdict"
 
 
 def is_harness_error(result: ResultEntry) -> bool:
-    """A result that is *not run* because its test raised before a verdict, not because it was skipped."""
-    if result.get("verdict") != NOT_RUN:
-        return False
-    return bool(result.get("harness_error")) or str(result.get("reason", "")).startswith(ERROR_REASON)
+    """A result that is *not run* because its test raised before a verdict, not because it was skipped: its field, never its reason's words."""
+    return result.get("verdict") == NOT_RUN and bool(result.get("harness_error"))
 
 
 #: The fault record's verdicts of a target claim (``schema.FaultEntry``): the fault turned it red, or the sweep did

@@ -330,8 +330,9 @@ def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ..
 
 
 def recorded_errata(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A run record's claim entry's errata (``errata``; records before several per claim hold one, under ``erratum``)."""
-    return list(claim["errata"]) if "errata" in claim else ([claim["erratum"]] if claim.get("erratum") else [])
+    """A run record's claim entry's errata (records of schema 1 held the first under ``erratum`` too, or only: read
+    through :func:`cheapinfer.harness.schema.read_record`, they hold them under ``errata``)."""
+    return list(claim.get("errata", []))
 
 
 def _errata_from(claim_id: str, raw: Mapping[str, Any] | list, checks: tuple[Check, ...], source: Mapping[str, Source]) -> tuple[Erratum, ...]:

@@ -65,9 +65,7 @@ def _source_spec(src: registry.Source) -> dict[str, Any]:
     return spec
 
 
-def _erratum_spec(e: registry.Erratum | None) -> dict[str, Any] | None:
-    if e is None:
-        return None
+def _erratum_spec(e: registry.Erratum) -> dict[str, Any]:
     spec = {"says": e.says, "holds": e.holds, "assumption": e.assumption, "fails": list(e.fails),
             "stands_on": list(e.stands_on), "profiles": list(e.profiles), "grade": e.grade, "reader": e.reader}
     if e.applies:
@@ -99,7 +97,6 @@ def build(
             "book": dict(claim.book),
             "source": {k: _source_spec(v) for k, v in claim.source.items()},
             "units": dict(claim.units),
-            "erratum": _erratum_spec(claim.erratum),  # the first of errata, as records before several per claim had it
             "errata": [_erratum_spec(e) for e in claim.errata],
             "faults": list((faults or {}).get(claim_id, [])),
             "note": claim.note,

@@ -24,9 +24,11 @@ from . import registry
 #: The files: the latest run record in a report directory (every run's own in ``runs/``), and the last fault run.
 RECORD_NAME = "run.json"
 FAULTS_NAME = "faults.json"
-#: The run record's schema: written by this version, and the versions it reads.
-RUN_SCHEMA = 1
-SCHEMAS = (RUN_SCHEMA,)
+#: The run record's schema: written by this version, and the versions it reads (:func:`upgrade` reads 1 as 2). Schema 2
+#: dropped a claim's ``erratum`` (its first erratum, beside ``errata``) and says a harness error in ``harness_error``
+#: only, not in a reason's first words.
+RUN_SCHEMA = 2
+SCHEMAS = (1, RUN_SCHEMA)
 #: The fault record's schema (``faults.json``); records written before it had one are read as this version,
 #: whose shape they have.
 FAULT_SCHEMA = 1
@@ -89,7 +91,7 @@ class ResultEntry(TypedDict):
     test: NotRequired[str]  # the test's node ID; none for an unselected test
     seconds: NotRequired[float]
     perturbed: NotRequired[bool]
-    harness_error: NotRequired[bool]  # not run because the test raised before a verdict (record.is_harness_error)
+    harness_error: NotRequired[bool]  # not run because the test raised before a verdict (record.is_harness_error; schema 1: a reason's prefix)
     load: NotRequired[dict[str, Any]]
     # After the test (its fixtures' setup included): ``peak_rss_bytes``, the process's maximum resident set so far (it
     # never falls: the result after which it last rose set the run's peak); ``rss_bytes``, the resident set then; on a
@@ -106,8 +108,7 @@ class ClaimEntry(TypedDict):
     book: NotRequired[dict[str, Any]]
     source: NotRequired[dict[str, dict[str, Any]]]
     units: NotRequired[dict[str, Any]]
-    erratum: NotRequired[dict[str, Any] | None]
-    errata: NotRequired[list[dict[str, Any]]]
+    errata: NotRequired[list[dict[str, Any]]]  # schema 1 had ``erratum`` too, the first of them: read_record drops it
     faults: NotRequired[list[str]]
     note: NotRequired[str | None]
     has_test: NotRequired[bool]
@@ -358,10 +359,33 @@ def _json_at(path: Path, name: str) -> Any:
     return read_json(record_path(path, name))
 
 
+#: How a record of schema 1 marks a *not run* whose test raised before a verdict: its reason begins with these words
+#: (schema 2 says it in the result's ``harness_error``). Frozen: it is what those records hold, whatever a writer says now.
+SCHEMA_1_ERROR_PREFIX = "error before a verdict"
+
+
+def upgrade(record: RunRecord) -> RunRecord:
+    """A checked record of an earlier schema in the shape of this one, in place (its ``schema`` still says which it was
+    written in), so that every reader reads one shape. Schema 1: a claim's ``erratum`` (its first erratum, the only one
+    of records before several) becomes ``errata`` where that is absent, and goes; a *not run* whose reason begins with
+    :data:`SCHEMA_1_ERROR_PREFIX` gets ``harness_error``."""
+    if record["schema"] != 1:
+        return record
+    for cid, claim in record["claims"].items():
+        first = claim.pop("erratum", None)
+        _expect(first is None or isinstance(first, dict), f"claim {cid}: 'erratum'", "an object or null")
+        claim.setdefault("errata", [first] if first else [])
+        for r in claim.get("results", []):
+            if r["verdict"] == registry.NOT_RUN and str(r.get("reason", "")).startswith(SCHEMA_1_ERROR_PREFIX):
+                r["harness_error"] = True
+    return record
+
+
 def read_record(path: Path) -> RunRecord:
-    """The run record at ``path`` (``run.json``, or the report directory holding it), checked. OSError or ValueError
-    (not UTF-8, not JSON) when it cannot be read; RecordError (a ValueError) when it is not a record of this suite."""
-    return check_record(_json_at(path, RECORD_NAME))
+    """The run record at ``path`` (``run.json``, or the report directory holding it), checked, and read in this
+    version's shape whatever schema it was written in (:func:`upgrade`). OSError or ValueError (not UTF-8, not JSON)
+    when it cannot be read; RecordError (a ValueError) when it is not a record of this suite."""
+    return upgrade(check_record(_json_at(path, RECORD_NAME)))
 
 
 def read_fault_record(path: Path) -> FaultRecord:
