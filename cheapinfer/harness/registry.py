@@ -60,6 +60,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
+from .registry_fields import DRAWS_MIN, DRAWS_RULE, check_fields, fmt, margin_text  # noqa: F401 (registry.fmt, registry.DRAWS_RULE: read from here)
+
 REPRODUCED = "reproduced"
 SHAPE_HOLDS = "shape holds"
 ERRATUM = "erratum"
@@ -134,6 +136,9 @@ class Check:
     when_found: str = ""  # the searched (or measurable) checks (comma-separated) whose find (or premise) this check needs: asserted only where each holds
     measurable: bool = False  # shape, bool == true: the device could measure the claim; False decides nothing (<q>_why says why)
     profiles: tuple[str, ...] = ()  # judged only on these of the claim's profiles (none: on every one)
+    reads: str = ""  # a cross-check: the measured path (dotted name of a function) whose result it and its guards are read off
+    guards: tuple[str, ...] = ()  # with reads: the quantities of the claim the cross-check vouches for
+    draws: int = 0  # judged on the median over this many seeded draws of its workload (DRAWS_RULE); 0: on one measurement
 
     def judged_on(self, profile: str) -> bool:
         return not self.profiles or profile in self.profiles
@@ -237,28 +242,6 @@ class Claim:
         return replace(self, book={**self.book, **values})
 
 
-def margin_text(margin: float) -> str:
-    """A margin in standard errors as the reports print it: truncated to two decimals (2.997 is not "3.0", which
-    would read as enough to decide)."""
-    return f"{math.floor(margin * 100) / 100:.2f}" if math.isfinite(margin) else str(margin)
-
-
-def fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(fmt(v) for v in value) + "]"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value == 0 or not math.isfinite(value):
-            return str(value)
-        if abs(value) >= 1e6 or abs(value) < 1e-3:
-            return f"{value:.4g}"
-        return f"{value:.6g}"
-    return str(value)
-
-
 def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) -> Check:
     kind = raw.get("kind", "digits")
     if not isinstance(raw.get("why"), str) or not raw["why"].strip():  # absent, or only spaces: says nothing
@@ -285,6 +268,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
             raise RegistryError(f"{claim_id}: measurable check {raw.get('q')!r} must be '== true' (this device could measure it), and not searched")
     else:
         raise RegistryError(f"{claim_id}: unknown check kind {kind!r}")
+    check_fields(claim_id, raw, RegistryError)
     if kind == "digits" and ("noise" in raw or "searched" in raw or "when_found" in raw or "measurable" in raw):
         raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise, searched, when_found and measurable belong to shape checks")
     return Check(
@@ -301,6 +285,9 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         when_found=str(raw.get("when_found", "")),
         measurable=bool(raw.get("measurable", False)),
         profiles=tuple(raw.get("profiles", ())),
+        reads=str(raw.get("reads", "")),
+        guards=tuple(raw.get("guards", ())),
+        draws=int(raw.get("draws", 0)),
     )
 
 
@@ -399,6 +386,9 @@ def parse(text: str) -> dict[str, Claim]:
         for c in checks:
             if set(c.profiles) - set(runs_on):
                 raise RegistryError(f"{claim_id}: check {c.q!r} names profiles the claim does not run on: {sorted(set(c.profiles) - set(runs_on))}")
+        unguarded = sorted({g for c in checks for g in c.guards} - {c.q for c in checks})
+        if unguarded:
+            raise RegistryError(f"{claim_id}: a cross-check guards {unguarded}, which no check of this claim names")
         conditions = {c.q for c in checks if c.searched or c.measurable}
         for c in checks:
             for w in c.premises:
