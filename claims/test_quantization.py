@@ -6,7 +6,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from cheapinfer import SEED
-from cheapinfer.runtime import accel, evidence, roofline, timing
+from cheapinfer.runtime import accel, evidence, provenance, roofline, timing
 from cheapinfer.runtime.models import claim_dtype, llm_int8_unavailable
 from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
@@ -186,6 +186,18 @@ def test_168_projection_matrices_hold_357_8_m_parameters(claim, profile):
     )
 
 
+def _table(profile, error_tables):
+    """The profile's error table as a path ``table(weights, schemes) -> rows`` (each scheme computed once per session)."""
+    return lambda weights, schemes: error_tables(profile, schemes)[0]
+
+
+def _read_off(measure, path, claim_id: str) -> bool:
+    """Whether every cross-check of ``claim_id`` and every quantity it guards (the registry's ``reads`` and ``guards``)
+    moves when the results of ``path`` are perturbed: all of them read off that path's result, none off another."""
+    names = [n for c in registry.get(claim_id).checks if c.reads for n in (c.q, *c.guards)]
+    return bool(names) and all(provenance.moved(measure, path, names).values())
+
+
 def _error_rows(profile, error_tables, schemes=quant.SCHEMES):
     """The profile's error table for ``schemes`` (each computed once per session), by scheme, and its wall time."""
     rows, seconds = error_tables(profile, schemes)
@@ -203,17 +215,14 @@ def test_int4_per_tensor_collapses_to_099_on_the_worst_matrix(claim, profile, er
         [[r.scheme, f"{r.mean:.4f}", f"{r.worst:.4f}", r.worst_matrix] for r in rows.values()],
     )
     claim.figure("q-error-by-scheme" if profile.name == "stand-in" else f"q-error-by-scheme-{profile.name}", quant_error.error_figure(list(rows.values()), f"Quantization error per scheme ({profile.name})"))
-    measured = {f"{s.replace('-', '_')}_{k}": getattr(r, k) for s, r in rows.items() for k in ("mean", "worst")}
-    # the other rounding rule (gguf's, halves away from zero) on the same scales: reported
-    measured.update({f"{s.replace('-', '_')}_mean_half_away": r.mean_half_away for s, r in rows.items() if r.mean_half_away is not None})
-    measured["codes_differ_half_away"] = sum(r.codes_differ for r in rows.values())
-    measured["weights_per_scheme"] = sum(w.numel() for w in quant.projection_weights(profile.model).values())
+    weights, table = quant.projection_weights(profile.model), _table(profile, error_tables)
+    measured = quant_error.table_values(weights, table)
+    measured["cross_checks_read_path"] = _read_off(lambda t: quant_error.table_values(weights, t), table, "Q-ERROR-TABLE")
+    measured["weights_per_scheme"] = sum(w.numel() for w in weights.values())
     # what the collapsed reconstruction consists of ("noise of about the right size"), and the bound nearest rounding keeps
-    made = quant_error.reconstruction(quant.projection_weights(profile.model)[rows["int4-tensor"].worst_matrix], "int4-tensor")
+    made = quant_error.reconstruction(weights[rows["int4-tensor"].worst_matrix], "int4-tensor")
     measured.update({f"int4_tensor_worst_{k}": v for k, v in made.items()})
-    measured["error_max"] = max(r.worst for s, r in rows.items() if s != "reference")
     if profile.name == "stand-in":
-        weights = quant.projection_weights(profile.model)
         measured["int4_g32_mean"] = sum(quant_error.relative_error(w, "int4-g32") for w in weights.values()) / len(weights)
         claim.note(STAND_IN_NOTE.format(g32=measured["int4_g32_mean"]))
     claim.verify(profile.name, **measured, matrices=len(rows["reference"].errors), quantize_all_schemes_s=seconds)
@@ -223,21 +232,9 @@ def test_int4_per_tensor_collapses_to_099_on_the_worst_matrix(claim, profile, er
 @on_profiles("stand-in", "book")
 def test_per_row_scales_divide_int4_error_by_3_4(claim, profile, error_tables):
     """Q-ROW-3.4: "per output row divides the error by 3.4; per group of 128 divides it again"."""
-    rows, _ = _error_rows(profile, error_tables, ("int4-tensor", "int4-row", "int4-g128"))
-    tensor, row, g128 = (rows[s].mean for s in ("int4-tensor", "int4-row", "int4-g128"))
-    weights = quant.projection_weights(profile.model)
-    kept = {s: min(quant.extremes_kept(w, s) for w in weights.values()) for s in ("int4-row", "int4-g128")}
-    claim.verify(
-        profile.name,
-        row_absmax_kept=kept["int4-row"],
-        g128_absmax_kept=kept["int4-g128"],
-        tensor_over_row=tensor / row,
-        row_over_g128=row / g128,
-        gap_recovered=1 - g128 / tensor,
-        int4_tensor_mean=tensor,
-        int4_row_mean=row,
-        int4_g128_mean=g128,
-    )
+    weights, table = quant.projection_weights(profile.model), _table(profile, error_tables)
+    measured = quant_error.scale_ratios(weights, table)
+    claim.verify(profile.name, **measured, cross_checks_read_path=_read_off(lambda t: quant_error.scale_ratios(weights, t), table, "Q-ROW-3.4"))
 
 
 @pytest.mark.claim("Q-TWO-THREE-LEVELS")
@@ -268,21 +265,20 @@ def test_one_down_proj_has_a_24_sigma_weight(claim, profile, request):
                      sigmas_largest=tail["max_over_std"], sigmas_largest_beyond_six=tail["max_over_std"])
         return
     w = quant.projection_weights(profile.model)[BOOK_DOWN_PROJ]
-    stats = quant_error.matrix_stats(w)
-    calibration = quant_error.tail_calibration(tuple(w.shape), seed=SEED)  # the tail measurement, on a normal tail it can count
+    values = quant_error.tail_values(w, seed=SEED)  # the matrix's statistics, and the tail measurement calibrated on a normal tail it can count
     claim.table(
         f"{BOOK_DOWN_PROJ} ({' x '.join(map(str, w.shape))}, {profile.name})",
         ["mean |w|", "std", "max |w|", "max/std", "beyond 6 sigma"],
-        [[f"{stats['mean_abs']:.5f}", f"{stats['std']:.5f}", f"{stats['max_abs']:.5f}", f"{stats['max_over_std']:.1f}", f"{stats['beyond_6sigma']:,} of {stats['numel']:,} ({stats['beyond_percent']:.3f} %)"]],
+        [[f"{values['mean_abs']:.5f}", f"{values['std']:.5f}", f"{values['max_abs']:.5f}", f"{values['max_over_std']:.1f}", f"{values['beyond_6sigma']:,} of {values['numel']:,} ({values['beyond_percent']:.3f} %)"]],
     )
     claim.verify(
         profile.name,
-        **stats,
-        **calibration,
+        **values,
+        cross_checks_read_path=_read_off(lambda path: quant_error.tail_values(w, SEED, path), quant_error.matrix_stats, "Q-DOWNPROJ-STATS"),
         shape=list(w.shape),
-        sigmas_largest=stats["max_over_std"],
-        sigmas_largest_beyond_six=stats["max_over_std"],
-        numel_millions=stats["numel"] / 1e6,
+        sigmas_largest=values["max_over_std"],
+        sigmas_largest_beyond_six=values["max_over_std"],
+        numel_millions=values["numel"] / 1e6,
         matrix=BOOK_DOWN_PROJ,
     )
 

@@ -67,6 +67,9 @@ def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
     # the book's own values first: where a shape check names the same quantity, the book must satisfy it too
     measured = {c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "digits"}
     measured.update({c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "shape" and c.q not in measured})
+    for c in claim.checks:  # a seeded check's distribution (registry.DRAWS_RULE): every draw at the median
+        if c.draws:
+            measured.update({f"{c.q}_p05": measured[c.q], f"{c.q}_p95": measured[c.q], f"{c.q}_draws": c.draws, f"{c.q}_share_holding": 1.0})
     for profile in claim.runs_on:
         base = verdicts.judge(claim, measured, profile, "cuda")
         assert base.verdict in (REPRODUCED, SHAPE_HOLDS), f"{claim.id} on {profile}: {[o.message(claim) for o in base.failures]}"

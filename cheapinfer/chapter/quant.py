@@ -346,9 +346,15 @@ def extremes_kept(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | 
     within the scale's relative rounding u_s, far from a rounding boundary), and top x fl(absmax / top) gives
     it back within u_s and three fp32 roundings. A property of the format that holds in every region, on any
     weights; a scale computed over other weights than its region's keeps it only by coincidence."""
-    s = parse_scheme(scheme)
     w = as_matrix(weight).detach().to(torch.float32)
-    w_hat = fake_quantize(w, scheme, scale_dtype)
+    return absmax_kept(w, fake_quantize(w, scheme, scale_dtype), scheme, scale_dtype)
+
+
+def absmax_kept(w: torch.Tensor, w_hat: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None) -> float:
+    """:func:`extremes_kept` of a reconstruction ``w_hat`` already made (``[out, in]`` fp32, as ``w``): the fraction of
+    ``scheme``'s regions whose largest |w| it gives back within the stored scale's rounding and three fp32 roundings.
+    The error table (:func:`cheapinfer.chapter.quant_error.error_table`) reads it off its own reconstruction."""
+    s = parse_scheme(scheme)
     a = _regions(w, s)[0].abs()
     at = a.argmax(dim=-1, keepdim=True)
     top, got = a.gather(-1, at), _regions(w_hat, s)[0].abs().gather(-1, at)

@@ -6,7 +6,7 @@ the bits stored and the error figure.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from .. import SEED
@@ -34,6 +34,9 @@ class ErrorRow:
     #: weights get another code than under ``torch.round`` (the ties k + 1/2 with k even)
     mean_half_away: float | None = None
     codes_differ: int = 0
+    #: per matrix, the fraction of the scheme's regions whose largest |w| this table's own reconstruction gives back
+    #: (:func:`cheapinfer.chapter.quant.absmax_kept`): the cross-check of the errors, read off the same W_hat
+    kept: dict[str, float] = field(default_factory=dict)
 
 
 def error_table(weights: dict[str, torch.Tensor], schemes=quant.SCHEMES, scale_dtype: torch.dtype | None = None) -> list[ErrorRow]:
@@ -44,7 +47,7 @@ def error_table(weights: dict[str, torch.Tensor], schemes=quant.SCHEMES, scale_d
     """
     rows = []
     for scheme in schemes:
-        errors, away, differ = {}, {}, 0
+        errors, away, differ, kept = {}, {}, 0, {}
         for name, weight in weights.items():
             w = quant.as_matrix(weight).detach().float()
             norm = torch.linalg.vector_norm(w)
@@ -59,6 +62,7 @@ def error_table(weights: dict[str, torch.Tensor], schemes=quant.SCHEMES, scale_d
             w_hat = (quant.code_values(codes, s) * stored).reshape(out, padded)[:, :inp]
             residual = w - w_hat
             errors[name] = float(torch.linalg.vector_norm(residual) / norm)
+            kept[name] = quant.absmax_kept(w, w_hat, scheme, scale_dtype)
             if s.kind == "int":  # the other rule changes only ties, k + 1/2: recompute those
                 xs = x.reshape(out, padded)[:, :inp]
                 rows_, cols = ((xs - xs.floor()) == 0.5).nonzero(as_tuple=True)
@@ -72,8 +76,39 @@ def error_table(weights: dict[str, torch.Tensor], schemes=quant.SCHEMES, scale_d
                 away[name] = max(err2, 0.0) ** 0.5 / float(norm)
         worst = max(errors, key=errors.get)
         mean_away = sum(away.values()) / len(away) if away else None
-        rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors, mean_away, differ))
+        rows.append(ErrorRow(scheme, sum(errors.values()) / len(errors), errors[worst], worst, errors, mean_away, differ, kept))
     return rows
+
+
+def scale_ratios(weights: dict[str, torch.Tensor], table=None) -> dict[str, float]:
+    """Q-ROW-3.4's numbers: the mean INT4 errors per tensor, per row and per group of 128, their ratios, and the
+    cross-check they rest on (the fraction of rows, and of groups, whose largest |w| is given back, the worst matrix's),
+    all read off one error table: ``table(weights, schemes)`` (:func:`error_table`, or a cache of it)."""
+    schemes = ("int4-tensor", "int4-row", "int4-g128")
+    rows = {r.scheme: r for r in (table or error_table)(weights, schemes)}
+    tensor, row, g128 = (rows[s].mean for s in schemes)
+    return {
+        "row_absmax_kept": min(rows["int4-row"].kept.values()),
+        "g128_absmax_kept": min(rows["int4-g128"].kept.values()),
+        "tensor_over_row": tensor / row,
+        "row_over_g128": row / g128,
+        "gap_recovered": 1 - g128 / tensor,
+        "int4_tensor_mean": tensor,
+        "int4_row_mean": row,
+        "int4_g128_mean": g128,
+    }
+
+
+def table_values(weights: dict[str, torch.Tensor], table=None, schemes=quant.SCHEMES) -> dict[str, float]:
+    """Q-ERROR-TABLE's numbers read off one error table (``table(weights, schemes)``, :func:`error_table` or a cache of
+    it): each scheme's mean and worst error, under the other rounding rule too, and ``error_max``, the largest error of
+    any scheme on any matrix (the mechanism's cross-check of the rows)."""
+    rows = {r.scheme: r for r in (table or error_table)(weights, schemes)}
+    out = {f"{s.replace('-', '_')}_{k}": getattr(r, k) for s, r in rows.items() for k in ("mean", "worst")}
+    out.update({f"{s.replace('-', '_')}_mean_half_away": r.mean_half_away for s, r in rows.items() if r.mean_half_away is not None})
+    out["codes_differ_half_away"] = sum(r.codes_differ for r in rows.values())
+    out["error_max"] = max(r.worst for s, r in rows.items() if s != "reference")
+    return out
 
 
 def reconstruction(weight: torch.Tensor, scheme: str = "int4-tensor") -> dict[str, float]:
@@ -142,17 +177,25 @@ def normal_tail_fraction(sigmas: float) -> float:
 CALIBRATION_SIGMAS = 3.0
 
 
-def tail_calibration(shape: tuple[int, ...], sigmas: float = CALIBRATION_SIGMAS, seed: int = SEED) -> dict[str, float]:
+def tail_calibration(shape: tuple[int, ...], sigmas: float = CALIBRATION_SIGMAS, seed: int = SEED, stats=None) -> dict[str, float]:
     """:func:`matrix_stats` run on seeded standard-normal weights of ``shape``, at ``sigmas``: its ``tail_excess`` there
     must be 1 up to Poisson noise. ``normal_tail_z`` is the count's distance from a normal tail's expectation, in
     Poisson standard deviations, with the expectation computed here on another route (``erfc``, not scipy's ``sf``):
     ``|excess - 1| sqrt(expected)``. A wrong expectation in :func:`matrix_stats` (one tail for two, another threshold)
     moves the excess of every matrix it measures, and this run's z by dozens."""
     w = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    got = matrix_stats(w, sigmas)
+    got = (stats or matrix_stats)(w, sigmas)
     expected = w.numel() * math.erfc(sigmas / math.sqrt(2))
     return {"normal_tail_excess": got["tail_excess"], "normal_tail_expected": expected,
             "normal_tail_z": abs(got["tail_excess"] - 1) * math.sqrt(expected), "normal_tail_sigmas": sigmas}
+
+
+def tail_values(weight: torch.Tensor, seed: int = SEED, stats=None) -> dict[str, float]:
+    """Q-DOWNPROJ-STATS's numbers: the matrix's statistics (:func:`matrix_stats`) and the same measurement calibrated on
+    seeded normal weights of its shape (:func:`tail_calibration`), both through ``stats`` (:func:`matrix_stats` unless
+    given): the calibration vouches for the tail count only if it ran the function that made it."""
+    stats = stats or matrix_stats
+    return {**stats(weight), **tail_calibration(tuple(weight.shape), seed=seed, stats=stats)}
 
 
 def tail_summary(max_abs: float, std: float, beyond: int, numel: int) -> dict[str, float]:

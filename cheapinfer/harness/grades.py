@@ -1,7 +1,7 @@
 """The one written rule that grades a finding about the chapter's text (:data:`GRADE_RULE`), applied by code.
 
 A finding names its *basis*, the rule's question that decides it (cheapinfer/errata.toml); :func:`grade`
-maps it to a grade of :data:`cheapinfer.harness.registry.GRADES`. A round word ("zesvoudig",
+maps it to a grade of :data:`GRADES`. A round word ("zesvoudig",
 "zesduizend", "negenhonderd") is graded by :func:`round_word_grade` from the numbers the chapter prints.
 Pure functions: no registry, no chapter file.
 """
@@ -9,6 +9,18 @@ Pure functions: no registry, no chapter file.
 from __future__ import annotations
 
 import math
+
+#: The grades of a confirmed erratum, the kind of fault in the text an editor would name (the report counts each):
+GRADES = {
+    "erratum": "a printed number that does not follow from the chapter's stated inputs, or fails on measurement",
+    "inconsistency": "printed numbers that contradict each other (sums, totals, a value quoted differently in two places, "
+                     "a statement a later section contradicts)",
+    "listing defect": "a listing that does not run as printed, warns, or does something other than what the text says",
+    "imprecision": "rounding against truncation, mixed units, a round number that overshoots the data",
+    "translation": "the two translations differ in substance",
+    "note": "a printed value the evidence does not show wrong (it lies inside the spread the chapter's own premises allow): "
+            "documented, listed apart, never counted as an erratum",
+}
 
 #: The rule, in the order its questions are asked: the first that applies gives the grade.
 GRADE_RULE = (

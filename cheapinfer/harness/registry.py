@@ -57,23 +57,14 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
+from .grades import GRADES  # noqa: F401 (registry.GRADES: read from here)
 from .numbers import fmt as fmt, is_number as is_number, margin_text as margin_text  # theirs; read from here too
+from .registry_fields import DRAWS_MIN, DRAWS_RULE, check_fields, check_guards  # noqa: F401 (registry.DRAWS_RULE: read from here)
 
 REPRODUCED = "reproduced"
 SHAPE_HOLDS = "shape holds"
 ERRATUM = "erratum"
 
-#: The grades of a confirmed erratum, the kind of fault in the text an editor would name (the report counts each):
-GRADES = {
-    "erratum": "a printed number that does not follow from the chapter's stated inputs, or fails on measurement",
-    "inconsistency": "printed numbers that contradict each other (sums, totals, a value quoted differently in two places, "
-                     "a statement a later section contradicts)",
-    "listing defect": "a listing that does not run as printed, warns, or does something other than what the text says",
-    "imprecision": "rounding against truncation, mixed units, a round number that overshoots the data",
-    "translation": "the two translations differ in substance",
-    "note": "a printed value the evidence does not show wrong (it lies inside the spread the chapter's own premises allow): "
-            "documented, listed apart, never counted as an erratum",
-}
 DEVIATES = "deviates"
 NOT_RUN = "not run"
 NO_TEST = "no test yet"
@@ -133,6 +124,9 @@ class Check:
     measurable: bool = False  # shape, bool == true: the device could measure the claim; False decides nothing (<q>_why says why)
     limit: bool = False  # noisy shape: the bound is a physical limit; within the noise it passes, beyond it fails
     profiles: tuple[str, ...] = ()  # judged only on these of the claim's profiles (none: on every one)
+    reads: str = ""  # a cross-check: the measured path (dotted name of a function) whose result it and its guards are read off
+    guards: tuple[str, ...] = ()  # with reads: the quantities of the claim the cross-check vouches for
+    draws: int = 0  # judged on the median over this many seeded draws of its workload (DRAWS_RULE); 0: on one measurement
 
     def judged_on(self, profile: str) -> bool:
         return not self.profiles or profile in self.profiles
@@ -264,6 +258,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
             raise RegistryError(f"{claim_id}: measurable check {raw.get('q')!r} must be '== true' (this device could measure it), and not searched")
     else:
         raise RegistryError(f"{claim_id}: unknown check kind {kind!r}")
+    check_fields(claim_id, raw, RegistryError)
     if kind == "digits" and ("noise" in raw or "searched" in raw or "when_found" in raw or "measurable" in raw or "limit" in raw):
         raise RegistryError(f"{claim_id}: digits check {raw.get('q')!r}: noise, searched, when_found, measurable and limit belong to shape checks")
     return Check(
@@ -280,6 +275,9 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         when_found=str(raw.get("when_found", "")),
         measurable=bool(raw.get("measurable", False)), limit=bool(raw.get("limit", False)),
         profiles=tuple(raw.get("profiles", ())),
+        reads=str(raw.get("reads", "")),
+        guards=tuple(raw.get("guards", ())),
+        draws=int(raw.get("draws", 0)),
     )
 
 
@@ -397,6 +395,7 @@ def parse(text: str) -> dict[str, Claim]:
         for c in checks:
             if set(c.profiles) - set(runs_on):
                 raise RegistryError(f"{claim_id}: check {c.q!r} names profiles the claim does not run on: {sorted(set(c.profiles) - set(runs_on))}")
+        check_guards(claim_id, checks, RegistryError)
         conditions = {c.q for c in checks if c.searched or c.measurable}
         for c in checks:
             for w in c.premises:

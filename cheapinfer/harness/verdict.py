@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
-from . import registry
+from . import registry, registry_fields
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Outcome:
     def message(self, claim: registry.Claim) -> str:
         return (
             f"{claim.id} {self.check.q}: measured {registry.fmt(self.measured)}, expected "
-            f"{self.check.describe(claim.book)} ({self.check.why})"
+            f"{self.check.describe(claim.book)}{f' at the median of {self.check.draws} seeded draws' if self.check.draws else ''} ({self.check.why})"
         )
 
 
@@ -181,7 +181,7 @@ def judge(claim: registry.Claim, measured: Mapping[str, Any], profile: str, devi
             asserted = False
         value = measured.get(check.q)
         documented = asserted and check.kind == "digits" and check.q in documents
-        passed = _passes(check, value, target)
+        passed = _passes(check, value, target) and (not check.draws or registry_fields.distribution_given(check.q, check.draws, measured))
         se = _se(check, measured)
         if check.limit and not passed and se is not None and registry.is_number(value) and math.isfinite(value):
             passed = abs(value - target) < registry.NOISE_SIGMAS * se  # at a physical limit within the noise: no evidence beyond it
@@ -257,3 +257,24 @@ def _beyond(op: str, m: float, noise: float = 0.0) -> float:
     """A bound that ``m`` fails under ``op``, by more than ``noise``."""
     step = max(abs(m), 1.0) + 2 * noise
     return m - step if op in ("<", "<=") else m + step
+
+
+def over_draws(claim: registry.Claim, q: str, values: list[float]) -> dict[str, float]:
+    """What :data:`registry.DRAWS_RULE` judges a seeded quantity on, from its value on each workload (the seeded one and
+    the draws): the median as ``q``, the 5th and 95th percentiles (inclusive method), how many workloads, and the share
+    of them on which the claim's check of ``q`` holds, by the verdict's own comparison."""
+    check = next((c for c in claim.checks if c.q == q and c.draws), None)
+    if check is None:
+        raise registry.RegistryError(f"{claim.id}: no check of {q!r} is judged over seeded draws ('draws')")
+    target = check.bound if check.kind == "shape" else claim.book[check.q]
+    band = spread(values)
+    return {q: band["median"], f"{q}_p05": band["p05"], f"{q}_p95": band["p95"], f"{q}_draws": len(values),
+            f"{q}_share_holding": sum(_passes(check, v, target) for v in values) / len(values)}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """The median and the 5th and 95th percentiles of ``values`` (``statistics.quantiles``' inclusive method)."""
+    import statistics
+
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"median": statistics.median(values), "p05": cuts[4], "p95": cuts[94]}

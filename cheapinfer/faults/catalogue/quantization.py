@@ -416,3 +416,28 @@ def _q_codes_rounded_up():
 def _q_int_group_size_ignored():
     with _schemes_parsed_as(lambda s: replace(s, group=128) if s.kind == "int" and s.granularity == "group" else s):
         yield
+
+
+def _scale_ratios_beside_the_table(weights, table=None):
+    """Q-ROW-3.4's numbers with the absmax cross-check computed on a fresh quantizer call (quant.extremes_kept runs
+    fake_quantize anew) instead of off the table's own reconstruction: the ratios and the check agree on correct code,
+    and a fault on the table's path would pass the check."""
+    out = _real_scale_ratios(weights, table)
+    out["row_absmax_kept"] = min(quant.extremes_kept(w, "int4-row") for w in weights.values())
+    out["g128_absmax_kept"] = min(quant.extremes_kept(w, "int4-g128") for w in weights.values())
+    return out
+
+
+_real_scale_ratios = quant_error.scale_ratios
+
+
+@fault(
+    "q-absmax-kept-beside-the-table",
+    section="Q",
+    kind=STATISTIC,
+    targets=("Q-ROW-3.4",),
+    what="the per-row and per-group absmax cross-check is computed on a fresh quantizer call beside the error table it vouches for, not off the table's own reconstruction",
+)
+def _q_absmax_kept_beside_the_table():
+    with patched(quant_error, "scale_ratios", _scale_ratios_beside_the_table):
+        yield
