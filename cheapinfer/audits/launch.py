@@ -12,6 +12,10 @@ import sys
 from typing import Callable, Mapping
 
 
+#: The exit status of a command Ctrl-C interrupted (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 128 + signal.SIGINT
+
+
 class _Interrupt(Exception):
     """Ctrl-C reached the waiting command (raised by its SIGINT handler, to end a blocking wait)."""
 
@@ -109,10 +113,10 @@ def interruptible(body: Callable[[], int], say: Callable[[str, str | None], str]
         return body()
     except Interrupted as exc:
         print(say("interrupted", str(exc)), file=sys.stderr)
-        return 128 + signal.SIGINT
+        return INTERRUPTED
     except KeyboardInterrupt:
         print(say("interrupted", None), file=sys.stderr)
-        return 128 + signal.SIGINT
+        return INTERRUPTED
     except Terminated as exc:
         sig = signal.Signals(exc.args[0] if exc.args else signal.SIGTERM)
         print(say(f"terminated ({sig.name})", None), file=sys.stderr)

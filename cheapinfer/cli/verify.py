@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import CHECKOUT
-from ..audits.launch import run_interruptibly as _run_interruptibly
+from ..audits.launch import INTERRUPTED, run_interruptibly as _run_interruptibly
 from .common import Command, Parser, bounded_count, nonempty, nonempty_path
 
 ROOT = CHECKOUT
@@ -124,11 +124,9 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     code, interrupted = _run_interruptibly(command(report_dir, claims), {**child_environment(), report.RUN_ID_VARIABLE: run_id})
     mine = report.own_record(report_dir, run_id)
     if interrupted:
-        import signal
-
         kept = f"its record so far: {mine}" if mine else "it recorded nothing"
         print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return INTERRUPTED
     if code == _NOTHING_SELECTED:  # the plugin wrote no record: an empty one would replace the latest verdicts
         print(f"cheapinfer verify: no test was selected, nothing was run; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} "
               "were not replaced", file=sys.stderr)
