@@ -21,7 +21,7 @@ WINGS = ("chapter", "runtime", "harness", "faults", "audits", "reference", "cli"
 MAY_IMPORT = {
     "runtime": set(),
     "chapter": {"runtime"},
-    "harness": {"runtime"},  # and only runtime modules without torch: test_the_harness_never_loads_torch
+    "harness": {"runtime"},  # and only HARNESS_RUNTIME, without torch: test_the_harness_never_loads_torch
     "faults": {"chapter", "runtime", "harness"},
     "audits": {"chapter", "runtime", "harness", "faults"},  # runs the claims under a fault, other kernels, load
     "reference": {"chapter", "runtime", "harness"},  # the engine runs the chapter's workloads beside vLLM
@@ -31,6 +31,13 @@ MAY_IMPORT = {
 
 #: No module of the package, the plugin or the claim tests is over LIMIT lines.
 LIMIT = 450
+
+#: The standard library's modules that start processes or take signals: only ``audits/`` imports them.
+PROCESS_MODULES = {"subprocess", "multiprocessing", "signal"}
+#: Modules outside ``audits/`` that may import one all the same, and why.
+PROCESS_EXCEPTIONS = {"cheapinfer.runtime.accel": "asks nvidia-smi for the GPU driver's version, a query that runs no claim"}
+#: The runtime modules ``harness/`` may import: torch-free settings and file helpers.
+HARNESS_RUNTIME = {"cheapinfer.runtime.settings", "cheapinfer.runtime.files", "cheapinfer.runtime.memory"}
 
 
 def _module_name(path: Path, root: Path = ROOT) -> str:
@@ -117,6 +124,59 @@ def _violations(graph: dict[str, set[str]]) -> list[str]:
             if there is not None and there not in allowed:
                 bad.append(f"{module} imports {target}: {wing}/ may import {', '.join(sorted(allowed))}")
     return bad
+
+
+def _stdlib_imports(path: Path) -> set[str]:
+    """The top-level names of every module ``path`` imports anywhere (also inside functions), not of the package."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"cheapinfer"}
+
+
+def _process_violations(root: Path = ROOT) -> list[str]:
+    """Modules outside ``audits/`` (and :data:`PROCESS_EXCEPTIONS`) that import one of :data:`PROCESS_MODULES`."""
+    return [f"{name} imports {', '.join(sorted(_stdlib_imports(path) & PROCESS_MODULES))}: only audits/ starts processes or takes signals"
+            for name, path in _modules(root).items()
+            if _wing(name) != "audits" and name not in PROCESS_EXCEPTIONS and _stdlib_imports(path) & PROCESS_MODULES]
+
+
+def _cli_importers(graph: dict[str, set[str]]) -> list[str]:
+    """Modules outside ``cli/`` (but the ``python -m`` shim) that import one of ``cli/``."""
+    return [f"{module} imports {target}: nothing imports the command line" for module, targets in sorted(graph.items())
+            for target in sorted(targets) if _wing(target) == "cli" and _wing(module) not in ("cli", "__main__")]
+
+
+def test_only_the_audits_start_processes():
+    bad = _process_violations()
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_imports_the_command_line():
+    bad = _cli_importers(_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_harness_imports_only_itself_and_torch_free_settings():
+    graph = _graph()
+    bad = [f"{module} imports {target}" for module, targets in sorted(graph.items()) if _wing(module) == "harness"
+           for target in sorted(targets) if _wing(target) not in ("harness", None) and target not in HARNESS_RUNTIME]
+    assert not bad, f"harness/ imports harness/ and {', '.join(sorted(HARNESS_RUNTIME))} only:\n" + "\n".join(bad)
+
+
+def test_the_process_and_cli_checks_see_a_broken_layout(tmp_path):
+    pkg = tmp_path / "cheapinfer"
+    for wing in ("harness", "audits", "cli"):
+        (pkg / wing).mkdir(parents=True)
+        (pkg / wing / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "harness" / "report.py").write_text("def f():\n    import subprocess\n    from ..cli import main\n")
+    (pkg / "audits" / "launch.py").write_text("import signal\nfrom multiprocessing import util\n")
+    assert _process_violations(tmp_path) == ["cheapinfer.harness.report imports subprocess: only audits/ starts processes or takes signals"]
+    assert _cli_importers(_graph(tmp_path)) == ["cheapinfer.harness.report imports cheapinfer.cli: nothing imports the command line"]
 
 
 def test_every_module_lives_in_a_wing():

@@ -28,7 +28,7 @@ from ..harness.registry import clocked_claims, slow_claims
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
 from ..runtime.files import kind_of
-from .forks import clear_halt, halt, pytest_run
+from .forks import clear_halt, halt
 from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
 
 #: ``--timeout``: below this, starting pytest and importing torch alone would "time out" every fault.
@@ -48,18 +48,18 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     """
     from ..harness.registry import DEVIATES
 
-    root = CHECKOUT
+    from .launch import run_claims
+
     outdir.mkdir(parents=True, exist_ok=True)
-    args = [
-        str(root / "claims"), "-q", "-p", "no:cacheprovider", "--no-header", "-r", "N",
-        "--fault", fault.name, "--claims", ",".join(claims), "--report-dir", str(outdir),
-        "--benchmark-disable", "--benchmark-json", str(outdir / "benchmarks.json"), *(["--stop-on-red"] if stop else []),
-    ]
-    code, tail = pytest_run(args, root, threads, timeout, outdir / "pytest.log")
+    got = run_claims(claims, outdir, fault=fault.name, threads=threads, timeout=timeout, stop_on_red=stop,
+                     pytest_args=["--no-header", "-r", "N", "--benchmark-disable", "--benchmark-json", str(outdir / "benchmarks.json")])
+    code, tail = got.exit_status, got.tail
     if code is None:
         return {cid: f"timed out after {timeout:.0f} s" for cid in claims}
     try:
-        record = read_record(_kept_record(outdir))
+        if got.record_path is None:
+            raise OSError(f"no record kept in {outdir}")
+        record = read_record(got.record_path)
     except RecordError as exc:
         return {cid: f"no well-formed record ({exc}; pytest exit {code}: {tail})" for cid in claims}
     except (OSError, ValueError):
@@ -77,16 +77,6 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
         else:
             out[cid] = claim.get("verdict", "absent")
     return out
-
-
-def _kept_record(outdir: Path) -> Path:
-    """The record the one run in ``outdir`` kept (a run with a fault injected writes no latest ``run.json``)."""
-    from ..harness.report import BENCHMARKS_SUFFIX, RUNS_DIR
-
-    kept = [p for p in sorted((outdir / RUNS_DIR).glob("*.json")) if not p.name.endswith(BENCHMARKS_SUFFIX)]
-    if len(kept) != 1:
-        raise OSError(f"{len(kept)} records kept in {outdir / RUNS_DIR}, expected the one of this run")
-    return kept[0]
 
 
 def uncovered() -> list[str]:

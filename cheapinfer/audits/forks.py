@@ -4,9 +4,10 @@ transformers and the suite loaded; :func:`halt` stops them all (SIGTERM, Ctrl-C 
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 #: Modules a pytest of a fault run imports anyway: loaded once into the fork server its runs start from.
 _PRELOAD = ["torch", "transformers", "scipy.stats", "numpy", "pytest", "hypothesis", "pytest_benchmark.plugin", "cheapinfer.faults.catalogue"]
@@ -55,8 +56,20 @@ def _socket_directory() -> None:
         tempfile.tempdir = saved
 
 
-def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> None:
-    """Run ``pytest args`` in this (forked) process, output to ``log``; its exit status is the process's."""
+#: What an xdist worker puts in its environment: a pytest started from it (a child run of the suite) would
+#: take itself for a worker too, and pytest-benchmark would then time nothing.
+_XDIST_PREFIX = "PYTEST_XDIST_"
+
+
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``environ`` (default: this process's) for a child pytest run, a session of its own: without the
+    variables of the xdist worker this process may be (the suite's own checks run under ``pytest -n 2 tests``)."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith(_XDIST_PREFIX)}
+
+
+def _pytest_child(args: list[str], root: str, threads: int | None, log: str, env: dict[str, str] | None = None) -> None:
+    """Run ``pytest args`` in this (forked) process, output to ``log``, with ``env`` (default: the server's own); its exit
+    status is the process's."""
     import os
     import sys
 
@@ -65,9 +78,7 @@ def _pytest_child(args: list[str], root: str, threads: int | None, log: str) -> 
     os.dup2(fd, 2)
     code = 3
     try:
-        from cheapinfer.audits.launch import child_environment
-
-        kept = child_environment()  # a session of its own, whoever forked the server
+        kept = child_environment(env)  # a session of its own, whoever forked the server
         os.environ.clear()
         os.environ.update(kept)
         if threads:
@@ -132,7 +143,8 @@ def _ended(child: Any) -> None:
         raise Halted()
 
 
-def pytest_run(args: list[str], root: Path, threads: int | None, timeout: float, log: Path) -> tuple[int | None, str]:
+def pytest_run(args: list[str], root: Path, threads: int | None, timeout: float, log: Path,
+               env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """``python -m pytest args`` in ``root``: (exit status, or None on timeout; the output's last line).
 
     The process is tracked while it runs: :func:`halt` kills it. On any exception here (SIGTERM in the
@@ -141,11 +153,9 @@ def pytest_run(args: list[str], root: Path, threads: int | None, timeout: float,
     import subprocess
     import sys
 
-    from cheapinfer.audits.launch import child_environment
-
     ctx = _fork_context()
     if ctx is None:  # no fork here: a fresh interpreter per run
-        env = {**child_environment(), **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+        env = {**child_environment(env), **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
         proc = _started(lambda: subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=root, stdout=subprocess.PIPE,
                                                  stderr=subprocess.PIPE, text=True, env=env))
         try:
@@ -163,7 +173,7 @@ def pytest_run(args: list[str], root: Path, threads: int | None, timeout: float,
         return proc.returncode, ((out + err).strip().splitlines() or ["no output"])[-1]
 
     def start():
-        child = ctx.Process(target=_pytest_child, args=(args, str(root), threads, str(log)), daemon=True)
+        child = ctx.Process(target=_pytest_child, args=(args, str(root), threads, str(log), env), daemon=True)
         child.start()
         return child
 

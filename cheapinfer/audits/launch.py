@@ -5,11 +5,18 @@ the children stopped and their temporary folders removed on the way out.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .forks import child_environment
+
+
+#: The exit status of a command Ctrl-C interrupted (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 128 + signal.SIGINT
 
 
 class _Interrupt(Exception):
@@ -56,17 +63,6 @@ def run_interruptibly(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
         signal.signal(signal.SIGINT, previous)
 
 
-#: What an xdist worker puts in its environment: a pytest started from it (a child run of the suite) would
-#: take itself for a worker too, and pytest-benchmark would then time nothing.
-_XDIST_PREFIX = "PYTEST_XDIST_"
-
-
-def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of ``environ`` (default: this process's) for a child pytest run, a session of its own: without the
-    variables of the xdist worker this process may be (the suite's own checks run under ``pytest -n 2 tests``)."""
-    return {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith(_XDIST_PREFIX)}
-
-
 class Terminated(Exception):
     """SIGTERM reached a command that runs others (``faults``, ``verify --isa-matrix``): it cleans up and exits."""
 
@@ -109,13 +105,84 @@ def interruptible(body: Callable[[], int], say: Callable[[str, str | None], str]
         return body()
     except Interrupted as exc:
         print(say("interrupted", str(exc)), file=sys.stderr)
-        return 128 + signal.SIGINT
+        return INTERRUPTED
     except KeyboardInterrupt:
         print(say("interrupted", None), file=sys.stderr)
-        return 128 + signal.SIGINT
+        return INTERRUPTED
     except Terminated as exc:
         sig = signal.Signals(exc.args[0] if exc.args else signal.SIGTERM)
         print(say(f"terminated ({sig.name})", None), file=sys.stderr)
         return 128 + sig
     finally:
         restore(previous)
+
+
+# ----------------------------------------------------------------------------------------------
+# the one launcher of the claims' pytest
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ClaimsRun:
+    """One pytest run of claims in a child: its exit status (None: it timed out), the record it kept and its path
+    (None: it kept none, or not one that reads), its seconds, the last line of its output (where it was captured),
+    and whether Ctrl-C interrupted it."""
+
+    exit_status: int | None
+    record_path: Path | None
+    record: dict[str, Any] | None
+    seconds: float
+    tail: str = ""
+    interrupted: bool = False
+
+
+def claims_args(claims: Sequence[str] | None, report_dir: Path, *, fault: str | None = None, stop_on_red: bool = False,
+                pytest_args: Sequence[str] = ()) -> list[str]:
+    """The arguments of the claims' pytest: the checkout's ``claims/``, quiet, no cache, the report folder, the claims
+    selected, the fault injected, ``--stop-on-red``, then ``pytest_args``."""
+    from .. import CHECKOUT
+
+    args = [str(CHECKOUT / "claims"), "-q", "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
+    if fault:
+        args += ["--fault", fault]
+    if claims:
+        args += ["--claims", ",".join(claims)]
+    return args + (["--stop-on-red"] if stop_on_red else []) + list(pytest_args)
+
+
+def run_claims(claims: Sequence[str] | None, report_dir: Path, *, env: Mapping[str, str] | None = None, fault: str | None = None,
+               threads: int | None = None, timeout: float | None = None, stop_on_red: bool = False, pytest_args: Sequence[str] = (),
+               runner: Callable[[list[str], dict[str, str]], tuple[int, bool]] | None = None, run_id: str | None = None) -> ClaimsRun:
+    """Run the tests of ``claims`` (all: None) in a child pytest into ``report_dir``; what it kept.
+
+    With a ``timeout`` the run is a batch job (the fault runner's): forked from the fork server that has torch and the
+    suite loaded (:mod:`cheapinfer.audits.forks`), ``threads`` torch threads, its output in ``report_dir/pytest.log``,
+    killed at the timeout or by :func:`cheapinfer.audits.forks.halt`. Without one it runs in the foreground, its output
+    on the terminal, Ctrl-C passed on (``runner``, default :func:`run_interruptibly`). Either way the run is told
+    its id (``run_id``, else a new one), and its record is the one it kept under that id."""
+    import time
+
+    from ..harness import report, schema
+
+    run_id = run_id or report.new_run_id()
+    report_dir = Path(report_dir)
+    env = {**child_environment(env), report.RUN_ID_VARIABLE: run_id}
+    args = claims_args(claims, report_dir, fault=fault, stop_on_red=stop_on_red, pytest_args=pytest_args)
+    t0 = time.monotonic()
+    tail, interrupted = "", False
+    if timeout is not None:
+        from .. import CHECKOUT
+        from .forks import pytest_run
+
+        report_dir.mkdir(parents=True, exist_ok=True)
+        code, tail = pytest_run(args, CHECKOUT, threads, timeout, report_dir / "pytest.log", env=env)
+    else:
+        code, interrupted = (runner or run_interruptibly)([sys.executable, "-m", "pytest", *args], env)
+    path = report.own_record(report_dir, run_id)
+    record = None
+    if path is not None:
+        try:
+            record = schema.read_record(path)
+        except (OSError, ValueError):
+            record = None
+    return ClaimsRun(code, path, record, round(time.monotonic() - t0, 1), tail, interrupted)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import CHECKOUT
-from ..audits.launch import run_interruptibly as _run_interruptibly
+from ..audits.launch import INTERRUPTED, claims_args, run_claims, run_interruptibly as _run_interruptibly
 from .common import Command, Parser, bounded_count, nonempty, nonempty_path
 
 ROOT = CHECKOUT
@@ -67,17 +67,19 @@ def _command(args: argparse.Namespace, device, rest: list[str]):
     """``command(report_dir, claims)``: the claims' pytest, as every run of verify, isa and stress starts it."""
 
     def command(report_dir: Path, claims: list[str] | None) -> list[str]:
-        cmd = [sys.executable, "-m", "pytest", str(ROOT / "claims"), "-q", "--device", str(device),
-               "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
-        if args.book_model:
-            cmd += ["--book-model", args.book_model]
-        if args.fast:
-            cmd += ["-m", "not slow"]
-        if claims:
-            cmd += ["--claims", ",".join(claims)]
-        return cmd + ["-r", "fE"] + rest  # skip reasons are in the report
+        return [sys.executable, "-m", "pytest", *claims_args(claims, report_dir, pytest_args=_pytest_args(args, device, rest))]
 
     return command
+
+
+def _pytest_args(args: argparse.Namespace, device, rest: list[str]) -> list[str]:
+    """What a claims run of verify, isa and stress passes its pytest besides the claims and the report folder."""
+    extra = ["--device", str(device)]
+    if args.book_model:
+        extra += ["--book-model", args.book_model]
+    if args.fast:
+        extra += ["-m", "not slow"]
+    return extra + ["-r", "fE"] + rest  # skip reasons are in the report
 
 
 def _device(name: str):
@@ -113,7 +115,6 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     if device is None:
         return 2
     report_dir = args.report_dir.expanduser().absolute()
-    command = _command(args, device, rest)
     # This run's record is runs/<stamp>-<run id>.json: an id, not a pid, which another run (in another PID
     # namespace, or later) can have too. After a usage error there is no record, and no summary is shown.
     run_id = report.new_run_id()
@@ -121,20 +122,19 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     claims = [args.claims] if args.claims else None
     if not claims:
         _warn_memory(report_dir, str(device))
-    code, interrupted = _run_interruptibly(command(report_dir, claims), {**child_environment(), report.RUN_ID_VARIABLE: run_id})
-    mine = report.own_record(report_dir, run_id)
+    got = run_claims(claims, report_dir, env=child_environment(), pytest_args=_pytest_args(args, device, rest), run_id=run_id,
+                     runner=lambda cmd, env: _run_interruptibly(cmd, env))  # looked up at the call: a test stands in for it
+    code, interrupted, mine = got.exit_status, got.interrupted, got.record_path
     if interrupted:
-        import signal
-
         kept = f"its record so far: {mine}" if mine else "it recorded nothing"
         print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return INTERRUPTED
     if code == _NOTHING_SELECTED:  # the plugin wrote no record: an empty one would replace the latest verdicts
         print(f"cheapinfer verify: no test was selected, nothing was run; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} "
               "were not replaced", file=sys.stderr)
         return code
     if mine:
-        record = schema.read_record(mine)
+        record = got.record if got.record is not None else schema.read_record(mine)
         fault = record.get("run", {}).get("fault")
         last = (f"The fault {fault} was injected: the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced" if fault
                 else f"The latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced: see the error above"

@@ -8,7 +8,6 @@ from dataclasses import replace
 import torch
 
 from ...chapter import batching, formats, lowbit, quant, quant_error
-from ...runtime import accel
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import replaying_first
 
@@ -321,19 +320,6 @@ def _q_tail_share_fraction():
 )
 def _q_std_norm():
     with patched(quant_error, "spread", lambda w: float(torch.linalg.vector_norm(w))):
-        yield
-
-
-@fault(
-    "roofline-probes-sized-in-kib",
-    section="Q",
-    kind=CONSTANT,
-    targets=("Q-BYTES-SPEED",),
-    what="the copy and read probes that Q-BYTES-SPEED's rooflines, over-read limit and kernel premise are read against are sized in KiB where bytes were meant, so they stay in a cache and measure it",
-)
-def _roofline_probes_sized_in_kib():
-    full = accel.stream_bytes
-    with patched(accel, "stream_bytes", lambda device="cpu": full(device) // 1024):
         yield
 
 
