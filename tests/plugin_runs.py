@@ -17,11 +17,13 @@ PLUGIN = ("-p", "cheapinfer", "-p", "no:cacheprovider")
 
 
 def run(pytester: pytest.Pytester, *args: str, **kwargs) -> pytest.RunResult:
-    """pytest with the plugin in ``pytester.path``, its report directory ``reports/`` there. pytest's installed plugins
-    (pytest-benchmark, Hypothesis) are loaded as in a user's run, also where the outer run turned autoloading off.
+    """pytest with the plugin in ``pytester.path``, its report directory ``reports/`` there, as a user's run: pytest's
+    installed plugins (pytest-benchmark, Hypothesis) loaded also where the outer run turned autoloading off, and no
+    pytest-xdist worker's variables (pytest-benchmark would time nothing in a worker of ``pytest -n``).
     ``kwargs`` go to pytester (``no_reraise_ctrlc=True``: a run interrupted by Ctrl-C returns, its exit code 2)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+        for name in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+            mp.delenv(name, raising=False)
         return pytester.runpytest(*PLUGIN, f"--report-dir={pytester.path / 'reports'}", *args, **kwargs)
 
 
