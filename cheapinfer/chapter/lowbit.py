@@ -353,11 +353,13 @@ def decode_steps(models: Mapping[str, object], timed: Callable, probe_bytes: int
     the read the limit (:func:`over_read`).
     """
     from ..runtime.accel import stream_probes
+    from ..runtime.memory import release
     from .batching import decode_step
     from ..runtime.evidence import traced
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     device = next(next(iter(models.values())).parameters()).device
+    release()  # what building the models freed goes back to the system before the probes take their gigabytes
     (copy_fn, moved), (read_fn, read) = stream_probes(probe_bytes, device)  # two buffers: the read sums the copy's destination
     assert read == probe_bytes and moved == 2 * probe_bytes, "over_read(), headroom() and the caller's cache check count each probe as probe_bytes"
     variants = {**steps, **{resident_name(name): resident_callable(m) for name, m in models.items()}, COPY: copy_fn, READ: read_fn}
