@@ -237,9 +237,10 @@ def stream_probes(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") 
     """:func:`copy_callable`'s copy of ``nbytes`` and :func:`read_callable`'s read of ``nbytes``, each with the bytes it
     moves, on two buffers instead of three: the read sums the copy's destination (written with ones first, so that
     the read never meets untouched pages). Each still streams ``nbytes`` from memory: a probe sized against a CPU's
-    last-level cache is gigabytes (1.9 GiB each beside 480 MiB of L3). Not the copy's source: summing that made the
-    read 1.27x slower on a 2-core CPU (medians of 25 interleaved rounds), summing the destination did not (0.93x of a
-    buffer of its own), and a decode step then outran the slowed read (KV-DECODE-MEMBOUND's over_read 1.20)."""
+    last-level cache is gigabytes (1.9 GiB each beside 480 MiB of L3). On a virtual machine a read's speed follows where
+    its buffer's pages lie more than what else streams them (three buffers of one process on a 2-core VM read at 3.0,
+    3.9 and 6.1 GB/s in the order they were allocated, a buffer of its own the slowest): the read sums the destination,
+    allocated after the source (a read of the source, the first buffer allocated, was 1.27x slower in one run)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.ones_like(src)
     return ((lambda: dst.copy_(src)), 2 * src.numel() * 4), read_callable(nbytes, device, buffer=dst)
