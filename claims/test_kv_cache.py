@@ -393,8 +393,7 @@ def test_decode_step_streams_weights_near_copy_bandwidth(claim, twin, timed):
     kv_cache = kv.random_cache(twin.config, C, twin.dtype, twin.device)
     step = kv.decode_step(twin.model, kv_cache, C)
     probe = accel.stream_bytes(twin.device)
-    copy, copy_bytes = accel.copy_callable(probe, twin.device)
-    read, read_bytes = accel.read_callable(probe, twin.device)
+    (copy, copy_bytes), (read, read_bytes) = accel.stream_probes(probe, twin.device)  # two buffers: the read sums the copy's destination
     cache, cache_reported = accel.last_level_cache(twin.device)
     weights, step_bytes = roofline.streamed_bytes(twin.model), kv.decode_bytes(twin.model, 1, C)
 

@@ -56,6 +56,26 @@ def test_copy_callable_copies_and_counts_read_and_write():
     assert dst.numel() == 2**18 and bool((dst == 1).all())
 
 
+def test_stream_probes_hold_two_buffers_and_each_streams_its_bytes():
+    """The copy and the read of stream_probes hold two buffers of n (source and destination), not three, while each
+    streams n bytes: the read sums the copy's destination, which holds what the copy wrote (ones) even before it ran."""
+    n = 4 * 2**20
+    with accel.LivePeak() as made:
+        (copy, moved), (read, nbytes) = accel.stream_probes(n, CPU)
+        assert float(read()) == n // 4  # ones from the start: no untouched page is ever read
+        dst = copy()
+        total = read()
+    assert moved == 2 * n and nbytes == n and float(total) == n // 4 and dst.nbytes == n
+    assert 2 * n <= made.peak < 2 * n + 2**12  # two buffers alive at once (and the sums' scalars), never three
+
+
+def test_the_read_takes_a_buffer_of_its_size_only():
+    with pytest.raises(ValueError, match="fp32 values"):
+        accel.read_callable(2**20, CPU, buffer=torch.ones(2**10))
+    with pytest.raises(ValueError, match="fp32 values"):
+        accel.read_callable(2**20, CPU, buffer=torch.ones(2**18, dtype=torch.float64))
+
+
 def test_copy_bandwidth_timed_on_the_cpu_is_a_plausible_memory_speed():
     copy, moved = accel.copy_callable(64 * 2**20, CPU)
     copy()

@@ -40,6 +40,7 @@ IN_THE_PASS = {
     "chapter/paging.py::paged_cache": "test_the_paged_cache_of_a_model_takes_its_keys_on_the_device",
     "chapter/quant.py::nf4_codebook": "test_quantizers_stay_on_the_weights_device",
     "runtime/accel.py::read_callable": "test_the_read_probe_on_the_device",
+    "runtime/accel.py::stream_probes": "test_the_stream_probes_on_the_device",
 }
 
 #: function -> (kind, the test file that covers it directly: it calls the function by name)

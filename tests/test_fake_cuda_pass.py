@@ -111,6 +111,12 @@ def test_the_read_probe_on_the_device():
         assert fn().device == CUDA and nbytes == 2**20
 
 
+def test_the_stream_probes_on_the_device():
+    with fake_cuda_tensors():
+        (copy, moved), (read, nbytes) = accel.stream_probes(2**20, "cuda")
+        assert read().device == CUDA and (moved, nbytes) == (2**21, 2**20)
+
+
 def test_the_suites_model_tests_feed_ids_on_the_models_device():
     """The model tests (test_paging, test_lowbit) hand their ids over through ``hf.model_ids``: on a model whose
     parameters are on CUDA, the ids reach its embedding on CUDA, from a tensor or a list."""

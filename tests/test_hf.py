@@ -238,3 +238,39 @@ def test_a_speculative_loop_whose_target_cache_is_swallowed_runs_on_and_its_trac
         run = spec.generate_traced(target, prompt, 12, draft=draft, gamma=3, stop_at_eos=False)
     assert run.tokens == plain.tokens
     assert run.evidence["target"]["cache_grows_by_fed"] is False and run.evidence["draft"]["cache_grows_by_fed"] is True
+
+
+def test_a_cast_copy_is_the_deep_copy_cast_without_a_second_full_precision_model(monkeypatch):
+    """hf.cast_copy gives what ``copy.deepcopy(model).to(dtype)`` gives, bit for bit (a tied head stays tied, the
+    original untouched, no storage shared), without deep-copying a single tensor first (the deep copy's route holds a
+    second full-precision model: 2 GB for the twin), and creating no more storage than the copy it returns."""
+    import copy
+
+    from transformers import Qwen2Config
+
+    from cheapinfer.runtime.accel import LivePeak
+
+    config = Qwen2Config(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=97, max_position_embeddings=64, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = hf.from_config(config)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    deep_copies = []
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        real = cls.__deepcopy__
+        monkeypatch.setattr(cls, "__deepcopy__", lambda self, memo, real=real: deep_copies.append(self.nbytes) or real(self, memo))
+    with LivePeak() as made:
+        cast = hf.cast_copy(model, torch.bfloat16)
+    copied_by_cast = sum(deep_copies)
+    ref = copy.deepcopy(model).to(dtype=torch.bfloat16)
+    assert copied_by_cast == 0 and sum(deep_copies) >= 4 * sum(p.numel() for p in model.parameters())  # the spy sees the deep copy's fp32 tensors
+    tensors = lambda m: dict(m.named_parameters(remove_duplicate=False)) | dict(m.named_buffers(remove_duplicate=False))
+    got, want = tensors(cast), tensors(ref)
+    assert got.keys() == want.keys() and all(got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want)
+    assert cast.lm_head.weight is cast.model.embed_tokens.weight and isinstance(cast.lm_head.weight, torch.nn.Parameter)
+    assert not {t.untyped_storage().data_ptr() for t in got.values()} & {t.untyped_storage().data_ptr() for t in tensors(model).values()}
+    assert all(torch.equal(before[k], v) and v.dtype == torch.float32 for k, v in model.state_dict().items())
+    ids = torch.tensor([[1, 5, 7]])
+    with torch.inference_mode():
+        assert torch.equal(cast(input_ids=ids).logits, ref(input_ids=ids).logits)
+    assert made.peak <= sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in got.values()}.values())

@@ -352,13 +352,15 @@ def decode_steps(models: Mapping[str, object], timed: Callable, probe_bytes: int
     (``probe_bytes`` each: :func:`cheapinfer.runtime.accel.stream_bytes`, so that neither sits in a cache) give the bandwidths the roofline is read against: the copy the reference,
     the read the limit (:func:`over_read`).
     """
-    from ..runtime.accel import copy_callable, read_callable
+    from ..runtime.accel import stream_probes
+    from ..runtime.memory import release
     from .batching import decode_step
     from ..runtime.evidence import traced
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     device = next(next(iter(models.values())).parameters()).device
-    (copy_fn, moved), (read_fn, read) = copy_callable(probe_bytes, device), read_callable(probe_bytes, device)
+    release()  # what building the models freed goes back to the system before the probes take their gigabytes
+    (copy_fn, moved), (read_fn, read) = stream_probes(probe_bytes, device)  # two buffers: the read sums the copy's destination
     assert read == probe_bytes and moved == 2 * probe_bytes, "over_read(), headroom() and the caller's cache check count each probe as probe_bytes"
     variants = {**steps, **{resident_name(name): resident_callable(m) for name, m in models.items()}, COPY: copy_fn, READ: read_fn}
     # the fixture (with quantities) measures the premise of the clocked claim (runtime.premise) on the decode steps, not on the probes

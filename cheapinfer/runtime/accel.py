@@ -222,14 +222,28 @@ def copy_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") 
     return (lambda: dst.copy_(src)), 2 * src.numel() * 4
 
 
-def read_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[Callable[[], object], int]:
+def read_callable(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu", buffer: torch.Tensor | None = None) -> tuple[Callable[[], object], int]:
     """A read-only stream of ``nbytes`` (a sum over them) and the bytes it reads: the fastest a step can stream its
     weights on this device at this thread count, the upper limit beside :func:`copy_callable`'s lower reference.
     One CPU thread may read faster than it copies (a copy also writes, and may allocate its lines first).
-    Its buffer is its own: summing :func:`copy_callable`'s source instead (one buffer less) made the read slower on a
-    2-core CPU, and a decode step then outran it (KV-DECODE-MEMBOUND's over_read 1.20)."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    ``buffer``: sum this fp32 tensor of ``nbytes`` (already written) instead of a new one (:func:`stream_probes`)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device) if buffer is None else buffer
+    if src.dtype != torch.float32 or src.numel() != nbytes // 4:
+        raise ValueError(f"the read's buffer must be {nbytes // 4} fp32 values, not {src.numel()} {src.dtype}")
     return (lambda: src.sum()), src.numel() * 4
+
+
+def stream_probes(nbytes: int = COPY_BYTES, device: torch.device | str = "cpu") -> tuple[tuple[Callable[[], object], int], tuple[Callable[[], object], int]]:
+    """:func:`copy_callable`'s copy of ``nbytes`` and :func:`read_callable`'s read of ``nbytes``, each with the bytes it
+    moves, on two buffers instead of three: the read sums the copy's destination (written with ones first, so that
+    the read never meets untouched pages). Each still streams ``nbytes`` from memory: a probe sized against a CPU's
+    last-level cache is gigabytes (1.9 GiB each beside 480 MiB of L3). On a virtual machine a read's speed follows where
+    its buffer's pages lie more than what else streams them (three buffers of one process on a 2-core VM read at 3.0,
+    3.9 and 6.1 GB/s in the order they were allocated, a buffer of its own the slowest): the read sums the destination,
+    allocated after the source (a read of the source, the first buffer allocated, was 1.27x slower in one run)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.ones_like(src)
+    return ((lambda: dst.copy_(src)), 2 * src.numel() * 4), read_callable(nbytes, device, buffer=dst)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -222,6 +222,28 @@ def from_config(config, dtype: torch.dtype = torch.float32):
     return _release_independent_rotary(AutoModelForCausalLM.from_config(config, dtype=dtype).eval().requires_grad_(False))
 
 
+def cast_copy(model, dtype: torch.dtype):
+    """``copy.deepcopy(model).to(dtype=dtype)`` without the full-precision copy in between: every parameter and buffer
+    of the copy is new storage (floating-point ones cast to ``dtype``, the rest cloned; a tied weight stays tied), the
+    rest of the modules is deep-copied, and ``model`` is not changed. The same tensors, bit for bit, for at most the
+    copy's bytes at once: a deep copy first holds a second full-precision model (2 GB for the twin in fp32)."""
+    import copy
+
+    originals = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    clone = copy.deepcopy(model, dict(originals))  # the modules copied, the tensors shared for now
+    made: dict[int, torch.Tensor] = {}
+    for module in clone.modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in store.items():
+                if t is None or id(t) not in originals:
+                    continue
+                if id(t) not in made:
+                    new = t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone()
+                    made[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else new
+                store[name] = made[id(t)]
+    return clone
+
+
 def meta_model(config, dtype: torch.dtype = torch.float32):
     """A transformers causal LM on the meta device: real shapes and ops, no memory, no arithmetic."""
     with torch.device("meta"):
