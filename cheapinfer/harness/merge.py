@@ -106,6 +106,14 @@ def merge_markdown(records: list[RunRecord], sources: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _why_no_output(path: Path) -> str:
+    """Why ``-o path`` can take no file, naming the real cause (a directory, a symlink loop), or "" (an existing file
+    is judged by the overwrite check)."""
+    if path.is_dir():
+        return "it is a directory"
+    return "" if path.exists() else why_not_a_directory(path)
+
+
 def merge_cli(argv: list[str]) -> int:
     p = Parser(prog="cheapinfer merge", description="Several run records (from different machines) as one claim x machine matrix.")
     p.add_argument("records", nargs="+", type=path_arg, help="run.json files, or the report directories holding them")
@@ -114,7 +122,8 @@ def merge_cli(argv: list[str]) -> int:
     p.add_argument("--force", action="store_true", help="overwrite the output even if it is one of the records or not a previous matrix")
     args = p.parse_args(argv)
     if args.output:
-        refusal = why_not_a_directory(args.output.parent) or ("it is a directory" if args.output.is_dir() else "")
+        parent = args.output.parent
+        refusal = (f"its directory {parent}: {why}" if (why := why_not_a_directory(parent)) else "") or _why_no_output(args.output)
         if not refusal:
             try:
                 report.writable_dir(args.output.parent)
