@@ -15,6 +15,7 @@ gpu-check  on a CUDA machine, offline: pytest -m gpu --device cuda, then the dev
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import subprocess
 import sys
@@ -309,6 +310,18 @@ def parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a reader of standard output that left early (``| head``) ends it quietly, with the exit status a
+    shell gives a tool that SIGPIPE stopped (141), never a BrokenPipeError traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that Python's own flush at exit fails no more
+        return 128 + int(getattr(signal, "SIGPIPE", 13))
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"verify": _verify, "fetch": _fetch}
     if argv and argv[0] in ("-h", "--help"):
