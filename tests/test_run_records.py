@@ -241,12 +241,34 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
         "import errno, os\nfrom cheapinfer.harness import report\n\n\ndef pytest_configure(config):\n"
         "    def full(fd, data):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    report._write_all = full\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    aside = tmp_path / "aside"  # the same full disk: the record is printed, not lost
+    aside.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(aside)}
     run = python_m("pytest", "-p", "no:cacheprovider", "-q", "-p", "enospc", *ONE_CLAIM, f"--report-dir={out}", cwd=ROOT, timeout=300, env=env)
     line = _usage_error(run, code=3)
-    assert line == f"ERROR: cannot write this run's record in {out}: No space left on device; the latest run.json and errata.md are as they were"
-    assert _unchanged(out, before)
+    assert line == (f"ERROR: cannot write this run's record in {out}: No space left on device; the latest run.json and errata.md are as they "
+                    f"were; this run's record could not be kept in {aside} either (No space left on device), so it was printed on standard output")
+    assert _unchanged(out, before) and list(aside.iterdir()) == []
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert '"schema": ' in run.stdout and ONE_CLAIM[0].split("::")[0] in run.stdout
+
+
+def test_a_run_whose_report_dir_is_full_keeps_its_record_aside(tmp_path):
+    """A full report dir (its own copy in runs/ fails too) with room elsewhere: the record is kept in TMPDIR and named."""
+    out, aside = tmp_path / "reports", tmp_path / "aside"
+    before = _seeded(out)
+    aside.mkdir()
+    (tmp_path / "fullhere.py").write_text(
+        "import errno, os\nfrom cheapinfer.harness import report\n\n\ndef pytest_configure(config):\n"
+        "    def full(*args, **kwargs):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    report.keep = report.write = full\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(aside)}
+    run = python_m("pytest", "-p", "no:cacheprovider", "-q", "-p", "fullhere", *ONE_CLAIM, f"--report-dir={out}", cwd=ROOT, timeout=300, env=env)
+    line = _usage_error(run, code=3)
+    kept = list(aside.glob("cheapinfer-run-*.json"))
+    assert len(kept) == 1 and line.endswith(f"are as they were; this run's record was kept as {kept[0]} instead"), line
+    assert _unchanged(out, before)
+    assert schema.read_record(kept[0])["run"]["exit_status"] == 0
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])

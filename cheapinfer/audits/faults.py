@@ -255,13 +255,16 @@ def faults_main(p, args) -> int:
     print(f"\n{len(result['faults'])} faults, {args.runs} run(s) each ({result['mode']}), {result['seconds']:.0f} s: "
           f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "") + ".")
     print(f"Claims no known fault turns red: {', '.join(result['uncovered']) or 'none'}")
-    target = args.report_dir / FAULTS_NAME
+    target, text = args.report_dir / FAULTS_NAME, json.dumps(result, indent=1) + "\n"
     try:
         args.report_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write((target, json.dumps(result, indent=1) + "\n"))
-    except OSError as exc:  # a full disk after the sweep: one line; the previous faults.json is untouched
-        print(f"cheapinfer faults: error: cannot write {target} ({exc.strerror or exc}); "
-              f"{'the previous one is as it was' if target.exists() else 'nothing was written'}", file=sys.stderr)
+        atomic_write((target, text))
+    except OSError as exc:  # a full disk after the sweep: one line; the previous faults.json is untouched, the sweep kept aside
+        from ..harness.aside import keep_aside
+
+        previous = "the previous one is as it was" if target.exists() else "nothing was written there"
+        kept = keep_aside(target, text, "this sweep's record")
+        print(f"cheapinfer faults: error: cannot write {target} ({exc.strerror or exc}); {previous}; {kept}", file=sys.stderr)
         return 1
     print(f"written: {target}")
     return 1 if missed else 0

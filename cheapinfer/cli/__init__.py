@@ -18,6 +18,8 @@ help     help COMMAND: that command's options (as COMMAND --help)
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from . import chapter, faults, machine, records, verify
@@ -60,6 +62,18 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a reader of standard output that left early (``| head``) ends it quietly, with the exit status a
+    shell gives a tool that SIGPIPE stopped (141), never a BrokenPipeError traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that Python's own flush at exit fails no more
+        return 128 + int(getattr(signal, "SIGPIPE", 13))
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())

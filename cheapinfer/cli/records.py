@@ -66,7 +66,6 @@ def _compare(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     return 1 if regressions else 0
 
 
-
 def _merge_arguments(p: Parser) -> None:
     p.add_argument("records", nargs="+", type=path_arg, help="run.json files, or the report directories holding them")
     p.add_argument("--json", action="store_true", help="write JSON instead of Markdown")
@@ -74,9 +73,18 @@ def _merge_arguments(p: Parser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite the output even if it is one of the records or not a previous matrix")
 
 
+def _why_no_output(path: Path) -> str:
+    """Why ``-o path`` can take no file, naming the real cause (a directory, a symlink loop), or "" (an existing file
+    is judged by the overwrite check)."""
+    if path.is_dir():
+        return "it is a directory"
+    return "" if path.exists() else why_not_a_directory(path)
+
+
 def _merge(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     if args.output:
-        refusal = why_not_a_directory(args.output.parent) or ("it is a directory" if args.output.is_dir() else "")
+        parent = args.output.parent
+        refusal = (f"its directory {parent}: {why}" if (why := why_not_a_directory(parent)) else "") or _why_no_output(args.output)
         if not refusal:
             try:
                 report.writable_dir(args.output.parent)
