@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer import __main__ as cli_main
-from cheapinfer.faults import runner
+from cheapinfer import cli as cli_main
+from cheapinfer.audits import faults as runner
 from cheapinfer.harness import report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,8 +220,8 @@ def test_with_no_room_anywhere_the_sweeps_record_goes_to_standard_output(tmp_pat
 _AS_USER = r"""
 import json, os, sys
 from pathlib import Path
-from cheapinfer.faults import runner
-from cheapinfer import __main__ as cli
+from cheapinfer.audits import faults as runner
+from cheapinfer import cli
 print("STARTED", flush=True)
 base = Path(sys.argv[1])
 ro, later = base / "ro", base / "later"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import merge
+from cheapinfer.cli import records as merge
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 

@@ -19,7 +19,6 @@ help     help COMMAND: that command's options (as COMMAND --help)
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 from . import chapter, faults, machine, records, verify
@@ -29,6 +28,8 @@ from .common import Command, Parser
 _ALL: dict[str, Command] = {**verify.COMMANDS, **machine.COMMANDS, **chapter.COMMANDS, **records.COMMANDS, **faults.COMMANDS}
 COMMANDS = ("verify", "fetch", "budget", "compare", "merge", "faults", "isa", "stress", "engine", "errata", "gpu-check")
 
+#: 128 + SIGPIPE (13): the status a shell gives a tool that SIGPIPE stopped.
+_SIGPIPE_EXIT = 141
 #: The commands whose work is timed (CHEAPINFER_TIMING_THREADS).
 _TIMED = ("verify", "isa", "stress", "faults", "engine", "gpu-check")
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that Python's own flush at exit fails no more
-        return 128 + int(getattr(signal, "SIGPIPE", 13))
+        return _SIGPIPE_EXIT
 
 
 def _main(argv: list[str] | None) -> int:
