@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cheapinfer.chapter import quant, quant_error
-from cheapinfer.faults.runner import activate
+from cheapinfer.faults.core import activate
 from cheapinfer.harness import registry
 from cheapinfer.runtime import provenance
 

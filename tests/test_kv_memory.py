@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cheapinfer.chapter import kv, kv_macs, kv_memory
-from cheapinfer.faults import runner
+from cheapinfer.faults import core as runner
 from cheapinfer.harness import registry
 
 VOCAB, TOTAL, PROMPT = 8192, 64, 8
