@@ -226,6 +226,69 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
     }
 
 
+class PoolBatch:
+    """:class:`PagedSlotBatch`'s bookkeeping without a model: the same scheduler fills it, and the same pool
+    (:class:`cheapinfer.chapter.paging.PagedKVCache`) holds each request's tokens; admitting a request takes its prompt
+    but the last token, as the prefill does, and every step one token per row, as the decode step's forward does. Its
+    snapshots are a real run's, for the same lengths and prompt size (``draws_simulate_the_run`` checks it), at the cost
+    of the bookkeeping alone: many seeded workloads in seconds."""
+
+    def __init__(self, pool):
+        self.pool, self.requests, self.left, self.snapshots = pool, [], [], []
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def admit(self, request: int, length: int, prompt, row: int | None = None) -> None:
+        if row is not None:
+            self.pool.remove(self.requests[row])
+        self.pool.add(request)
+        if len(prompt) > 1:
+            self.pool.reserve(request, len(prompt) - 1)
+        if row is None:
+            self.requests.append(request)
+            self.left.append(length)
+        else:
+            self.requests[row], self.left[row] = request, length
+
+    def drop(self, rows: list[int]) -> None:
+        for i in rows:
+            self.pool.remove(self.requests[i])
+        keep = [i for i in range(len(self)) if i not in set(rows)]
+        self.requests, self.left = [self.requests[i] for i in keep], [self.left[i] for i in keep]
+
+    def step(self) -> list[int]:
+        for r in self.requests:
+            self.pool.reserve(r, 1)
+        self.left = [n - 1 for n in self.left]
+        self.snapshots.append(PagedSlotBatch.pool_state(self))
+        return [i for i, n in enumerate(self.left) if n <= 0]
+
+
+def pool_run(lengths: Sequence[int], slots: int, prompt_tokens: int, max_new_tokens: int, block_size: int = 16) -> dict[str, object]:
+    """The run of :func:`paged_waste` for ``lengths``, its pool's bookkeeping only (:class:`PoolBatch`): the suite's scheduler
+    (continuous policy) over a pool of the same size; the waste and the pool's own counts, as :func:`paged_waste` reads them."""
+    from .paging import PagedKVCache, run_waste
+
+    reserved = prompt_tokens + max_new_tokens
+    pool = PagedKVCache(slots * math.ceil(reserved / block_size), block_size, 1, 1)
+    batch = PoolBatch(pool)
+    out = workload.PolicyResult("continuous", 0.0, sum(lengths), 0, [0.0] * len(lengths), [0.0] * len(lengths), sum(lengths))
+    prompts = [[0] * prompt_tokens for _ in lengths]
+    for _ in scheduler.policy_steps(torch.nn.Linear(1, 1), "continuous", lengths, slots, prompts, out, new_batch=lambda: batch):
+        pass
+    snaps = batch.snapshots
+    return {"waste": run_waste(snaps, reserved, block_size), "steps": out.steps, "blocks_held_over_needed": held_over_needed(snaps),
+            "blocks_reused": pool.reused, "blocks_in_use_after": pool.blocks_in_use, "tables_consistent": all(s["consistent"] for s in snaps)}
+
+
+def waste_draws(draws: int, slots: int, prompt_tokens: int, max_new_tokens: int, block_size: int = 16, scale: int = 1, seed: int = SEED) -> list[dict[str, object]]:
+    """:func:`pool_run` on ``draws`` other seeded workloads with the printed statistics (:func:`workload.skewed_lengths`,
+    seeds ``seed + 1`` to ``seed + draws``), lengths divided by ``scale`` as the real run's."""
+    return [pool_run(workload.scaled(workload.skewed_lengths(seed=seed + 1 + i), scale), slots, prompt_tokens, max_new_tokens, block_size)
+            for i in range(draws)]
+
+
 def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]], new_tokens: int, block_size: int = 16) -> dict[str, object]:
     """Requests ``prefix + suffixes[i]`` through the scheduler on the paged cache, with and without prefix sharing.
 
