@@ -5,7 +5,7 @@ the record. Tested here on a few draws, without a model."""
 import pytest
 
 from cheapinfer.chapter import paged_scheduler, workload
-from cheapinfer.faults.runner import activate
+from cheapinfer.faults.core import activate
 from cheapinfer.harness import registry, verdict
 
 CLAIM = registry.parse('''[X-1]
