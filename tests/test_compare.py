@@ -161,7 +161,7 @@ def test_merge_names_the_release_that_made_each_record(tmp_path, capsys):
     """Each machine's row of the matrix names the suite's release that wrote its record, as compare does."""
     older = built() | {"suite": "cheapinfer 0.0.9"}
     paths = [save(older, tmp_path / "old"), save(built(), tmp_path / "new")]
-    assert merge.merge_cli(list(map(str, paths))) == 0
+    assert merge_cli(list(map(str, paths))) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Example CPU")]
     laptop = "Example CPU (torch 2.13.0, transformers 5.24.0, bitsandbytes 0.50.2)"
     tail = "cpu | Example CPU | none | n/a | n/a | 2.13.0 | 5.24.0 | 0.50.2 | 0.19.0 | 2026-01-01T00:00:00Z"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.audits import faults
+from cheapinfer.cli import records
 from cheapinfer.harness import record, registry, report, schema
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
@@ -159,10 +160,10 @@ def test_compare_and_merge_read_a_schema_1_record_beside_this_versions(tmp_path,
         if r["profile"] == "book":
             r.update(verdict=registry.REPRODUCED, reason="", harness_error=False, checks=[])
     (tmp_path / "now.json").write_text(json.dumps(now), encoding="utf-8")
-    assert compare.compare_cli([str(tmp_path / "now.json"), str(SCHEMA_1)]) == 1
+    assert records.compare_cli([str(tmp_path / "now.json"), str(SCHEMA_1)]) == 1
     out = capsys.readouterr().out
     assert "HARNESS     KV-IDENTITY [book] verdict: reproduced -> not run (error before a verdict: ImportError" in out
-    assert merge.merge_cli([str(SCHEMA_1), str(tmp_path / "now.json")]) == 0
+    assert records.merge_cli([str(SCHEMA_1), str(tmp_path / "now.json")]) == 0
     assert "| SPEC-GAMMA8 | erratum (arithmetic: speedup_a09 2.356) | erratum (arithmetic: speedup_a09 2.356) |" in capsys.readouterr().out
     evidence = report.evidence_markdown(schema.read_record(SCHEMA_1))
     assert "### SPEC-GAMMA8 (inconsistency)" in evidence and "### Q-DOWNPROJ-STATS (translation)" in evidence

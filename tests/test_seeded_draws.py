@@ -14,6 +14,7 @@ statement = "s"
 book = { ratio = 1.6 }
 runs_on = ["twin"]
 digits_on = ["twin"]
+timing = "counted"
 checks = [
   { q = "ratio", form = "abs", tol = 0.05, draws = 100, why = "printed to one decimal" },
 ]
