@@ -9,11 +9,11 @@ import statistics
 
 import pytest
 
-from cheapinfer.runtime import accel, evidence, models, plots, roofline, timing
-from cheapinfer.chapter import batching, kv, knee, paged_scheduler, scheduler, workload
+from cheapinfer.chapter import batching, knee, kv, paged_scheduler, scheduler, workload
 from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving
 from cheapinfer.harness import registry, verdict
 from cheapinfer.harness.registry import NOISE_SIGMAS
+from cheapinfer.runtime import accel, evidence, models, plots, roofline, timing
 from cheapinfer.testing import on_profiles
 
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from cheapinfer.chapter import evaluation, independence, battery, perplexity
+from cheapinfer.chapter import battery, evaluation, independence, perplexity
 from cheapinfer.runtime import rounding
 from cheapinfer.testing import on_profiles
 

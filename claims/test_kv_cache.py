@@ -7,11 +7,12 @@ runs in a few minutes on a 2-core CPU with the fp32 twin.
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs, kv_memory
 from cheapinfer.harness import registry
 from cheapinfer.runtime import accel, models, plots, roofline, rounding, timing
-from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs, kv_memory
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.runtime.evidence import describe_timed, timed_forwards
 from cheapinfer.testing import on_profiles

@@ -3,14 +3,15 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from cheapinfer import SEED
-from cheapinfer.runtime import accel, evidence, provenance, roofline, timing
-from cheapinfer.runtime.models import claim_dtype, llm_int8_unavailable
 from cheapinfer.chapter import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
+from cheapinfer.runtime import accel, evidence, provenance, roofline, timing
 from cheapinfer.runtime.arch import QWEN25_05B
+from cheapinfer.runtime.models import claim_dtype, llm_int8_unavailable
 from cheapinfer.testing import nonzero_weights, on_profiles
 
 BOOK_DOWN_PROJ = "model.layers.12.mlp.down_proj.weight"

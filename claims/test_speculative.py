@@ -15,10 +15,11 @@ import torch
 from scipy import stats
 
 from cheapinfer import SEED
-from cheapinfer.chapter import evaluation, speculative as spec
-from cheapinfer.runtime import evidence, rounding, timing
-from cheapinfer.harness import registry
+from cheapinfer.chapter import evaluation
+from cheapinfer.chapter import speculative as spec
 from cheapinfer.chapter.quant import SCHEMES
+from cheapinfer.harness import registry
+from cheapinfer.runtime import evidence, rounding, timing
 from cheapinfer.testing import on_profiles
 
 ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)

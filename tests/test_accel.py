@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from cheapinfer.runtime import accel, roofline
 from cheapinfer.chapter import kv
+from cheapinfer.runtime import accel, roofline
 from cheapinfer.runtime.arch import qwen2_config
 
 CPU = torch.device("cpu")

@@ -8,16 +8,14 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
+from harness import python_m
 
 from cheapinfer.runtime import artifacts, models
-from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,13 +5,14 @@ quantizer's half step, the quantized copy, and the speculative formulas' laws.""
 from __future__ import annotations
 
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from cheapinfer.chapter import battery, budget, distill, outliers, paging, quant, speculative as spec, workload
+from cheapinfer import testing
+from cheapinfer.chapter import battery, budget, distill, outliers, paging, quant, workload
+from cheapinfer.chapter import speculative as spec
 from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
 from cheapinfer.runtime import rounding
-from cheapinfer import testing
-
 
 alpha_st = st.floats(min_value=0.0, max_value=0.999, allow_nan=False)
 gamma_st = st.integers(min_value=1, max_value=16)

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from harness import python_m
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cheapinfer import cli
-from cheapinfer.harness import compare as cmp, report, merge, schema
 from cheapinfer.cli.records import compare_cli, merge_cli
+from cheapinfer.harness import compare as cmp
+from cheapinfer.harness import merge, report, schema
 from cheapinfer.harness.record import Recorder
-from harness import python_m
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 ENV = {"cpu": "Example CPU", "gpu": "none", "driver": "n/a", "cuda": "n/a", "torch": "2.13.0", "transformers": "5.24.0", "bitsandbytes": "0.50.2", "gguf": "0.19.0"}

@@ -16,7 +16,8 @@ from typing import Any, Callable
 import pytest
 
 from cheapinfer.faults.records import COMPARE, RECORD_FAULTS
-from cheapinfer.harness import compare as cmp, schema
+from cheapinfer.harness import compare as cmp
+from cheapinfer.harness import schema
 from cheapinfer.harness.record import ERROR_REASON
 from cheapinfer.harness.registry import DEVIATES, ERRATUM, INCONCLUSIVE, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from cheapinfer.harness import compare as cmp, registry, report, merge, schema
-from cheapinfer.cli.records import compare_cli, merge_cli
 from harness import python_m
+
+from cheapinfer.cli.records import compare_cli, merge_cli
+from cheapinfer.harness import compare as cmp
+from cheapinfer.harness import merge, registry, schema
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 

@@ -9,15 +9,15 @@ run once as it is (green) and once under its fault (red, with the error the defe
 from __future__ import annotations
 
 import pytest
-from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
-
 import test_accel as accel_tests
 import test_device_selection as selection
 import test_fake_cuda_pass as fake_pass
 import test_premise as premises
+from fake_cuda import FakeCuda
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
 from cheapinfer.faults import device as device_faults
 from cheapinfer.runtime.device import DeviceUnavailable
-from fake_cuda import FakeCuda
 
 
 def _two_cards(monkeypatch) -> FakeCuda:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_cuda import FakeCuda
+from harness import python_m
 
 from cheapinfer import cli
 from cheapinfer.runtime import device as devices
-from fake_cuda import FakeCuda
-from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent

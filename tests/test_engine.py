@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from cheapinfer.chapter import workload
-from cheapinfer.reference import engine, comparison
 from cheapinfer.cli import main
+from cheapinfer.reference import comparison, engine
 
 
 def test_workload_is_the_batching_workload_scaled():

@@ -1,10 +1,10 @@
 """cheapinfer/errata.toml: every graded finding located in both translations, graded by the one rule, and applied as a patch."""
 
 import copy
-from collections import Counter
 import shutil
 import subprocess
 import tomllib
+from collections import Counter
 
 import pytest
 

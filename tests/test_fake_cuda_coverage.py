@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fake_cuda import FakeCuda
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fake_cuda import fake_cuda_tensors
 
 from cheapinfer.chapter import asides, kv, kv_evidence, paging, quant
 from cheapinfer.runtime import accel, hf, rounding
-from fake_cuda import fake_cuda_tensors
 
 CUDA = torch.device("cuda", 0)
 

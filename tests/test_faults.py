@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from cheapinfer.audits import faults, forks as child
-from cheapinfer.faults import core
-from cheapinfer.harness import registry, schema
 from harness import python_m
-from cheapinfer.harness import record
+
+from cheapinfer.audits import faults
+from cheapinfer.audits import forks as child
+from cheapinfer.faults import core
+from cheapinfer.harness import record, registry, schema
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from cheapinfer.harness import merge, registry
-from cheapinfer.chapter import crosscheck, quant
-from cheapinfer.runtime import profiles, rounding
 from test_inputs import _pytest  # pytest puts tests/ on the path
+
+from cheapinfer.chapter import crosscheck, quant
+from cheapinfer.harness import merge, registry
+from cheapinfer.runtime import profiles, rounding
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Fixtures that put a model on the run's device: a test that asks for one measures there.
@@ -301,8 +301,8 @@ def test_bitsandbytes_on_the_gpu_gives_the_suites_perplexity(kind, stand_in, qua
     the ratio to the EVAL row of the same scheme (fp16 scales): its weights are not the ones
     bitsandbytes holds.
     """
-    from cheapinfer.runtime import corpus, models
     from cheapinfer.chapter import perplexity
+    from cheapinfer.runtime import corpus, models
 
     if kind == "int8" and models.llm_int8_unavailable(stand_in.device):
         pytest.skip(models.llm_int8_unavailable(stand_in.device))  # not run, with the reason: a card below sm75

@@ -8,13 +8,13 @@ import os
 import subprocess
 from pathlib import Path
 
+from fake_cuda import FakeCuda
+from harness import python_m
 
 from cheapinfer import cli
 from cheapinfer.audits import gpu_check
 from cheapinfer.cli.machine import gpu_check_cli
 from cheapinfer.runtime import device as devices
-from fake_cuda import FakeCuda
-from harness import python_m
 
 
 def test_without_cuda_it_says_so_in_one_line_and_exits_non_zero():

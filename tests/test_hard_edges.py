@@ -3,7 +3,6 @@ bounded, and a write that fails leaves the earlier files intact and says so trut
 
 from __future__ import annotations
 
-import copy
 import errno
 import json
 import os
@@ -13,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from cheapinfer import cli as cli_main
-from cheapinfer.harness import compare as cmp, merge, registry, report, schema
-from cheapinfer.cli.records import compare_cli, merge_cli
-from cheapinfer.runtime import artifacts, files, settings as cli
 from cheapinfer.cli.faults import faults_cli
+from cheapinfer.cli.records import compare_cli, merge_cli
+from cheapinfer.harness import registry, report, schema
+from cheapinfer.runtime import artifacts, files
+from cheapinfer.runtime import settings as cli
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 
@@ -434,8 +434,9 @@ def test_version(capsys):
 
 def test_a_runs_summary_names_the_suites_version(tmp_path):
     """The terminal summary a reader copies into an issue says which release measured it."""
-    from cheapinfer import __version__
     from harness import python_m
+
+    from cheapinfer import __version__
 
     run = python_m("pytest", "-p", "no:cacheprovider", "-q", f"--report-dir={tmp_path}", "claims", "--claims", "KV-BYTES-FORMULA",
                    cwd=Path(__file__).resolve().parent.parent)

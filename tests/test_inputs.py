@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import python_m
 
 from cheapinfer.runtime import artifacts, models
-from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 

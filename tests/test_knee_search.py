@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from cheapinfer.chapter import batching, knee
-from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 from cheapinfer.chapter.knee import Budget, Doubling, Plan
+from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 
 THRESHOLD, SIGMAS, ROUNDS = 1.25, 3.0, 5
 GB = 10**9

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from cheapinfer.runtime import evidence, timing
 from cheapinfer.chapter import kv
+from cheapinfer.runtime import evidence, timing
 from cheapinfer.runtime.timing import Samples
 
 

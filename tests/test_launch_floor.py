@@ -12,10 +12,11 @@ import dataclasses
 
 import pytest
 import torch
+from fake_cuda import FakeCuda
 
 from cheapinfer.chapter import kv, kv_macs
-from cheapinfer.runtime import device as devices, premise
-from fake_cuda import FakeCuda
+from cheapinfer.runtime import device as devices
+from cheapinfer.runtime import premise
 
 PER_TOKEN = 1e-4  # seconds of device work per prompt token
 FREE = 1 << 40  # bytes the simulated card has free: no bound

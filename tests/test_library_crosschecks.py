@@ -9,7 +9,6 @@ import torch
 from cheapinfer.chapter import quant
 from cheapinfer.runtime import rounding
 
-
 U32, U16 = rounding.unit_roundoff(torch.float32), rounding.unit_roundoff(torch.float16)  # 2^-24, 2^-11
 
 

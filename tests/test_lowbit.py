@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cheapinfer.runtime import corpus, hf, rounding
 from cheapinfer.chapter import lowbit, quant
+from cheapinfer.runtime import corpus, hf, rounding
 
 PPL_TOKENS = 256  # one window: a few hundred corpus tokens keep this test at seconds
 U32, U16B = rounding.unit_roundoff(torch.float32), rounding.unit_roundoff(torch.bfloat16)  # 2^-24, 2^-8

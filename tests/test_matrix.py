@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import python_m
 
-from cheapinfer.audits import families as kernel_families, matrix, stress
+from cheapinfer.audits import families as kernel_families
+from cheapinfer.audits import matrix, stress
+from cheapinfer.audits.launch import Terminated
 from cheapinfer.harness import registry, report, schema
 from cheapinfer.harness.record import Recorder
-from cheapinfer.audits.launch import Terminated
-from harness import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"cpu": "Example CPU", "gpu": "none", "torch": "2.13.0", "transformers": "5.24.0", "bitsandbytes": "0.50.2"}

@@ -14,8 +14,9 @@ Two checks, each with its own derivation:
 
 import pytest
 import torch
-from cheapinfer.runtime import hf, rounding, timing
+
 from cheapinfer.chapter import kv, paging
+from cheapinfer.runtime import hf, rounding, timing
 
 NEW_TOKENS = 8
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from plugin_runs import errors, record, run
 
 from cheapinfer.harness import registry
-from plugin_runs import errors, record, run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,10 +15,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-from cheapinfer.harness import registry
 from printed_extract import account, extract, guess_lang
 
+from cheapinfer.harness import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 PRINTED = ROOT / "tests" / "data" / "printed-numbers.toml"

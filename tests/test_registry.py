@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import registry, verdict as verdicts
-from cheapinfer.harness import record
+from cheapinfer.harness import record, registry
+from cheapinfer.harness import verdict as verdicts
 from cheapinfer.harness.registry import DEVIATES, REPRODUCED, SHAPE_HOLDS, RegistryError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.faults.records import RECORD_FAULTS, REPORT
-from cheapinfer.runtime import device as devices
-from cheapinfer.harness import registry, report, errata, schema
+from cheapinfer.harness import errata, registry, report, schema
 from cheapinfer.harness.record import Recorder
 from cheapinfer.harness.registry import DEVIATES, VERDICTS
+from cheapinfer.runtime import device as devices
 
 DATA = Path(__file__).resolve().parent / "data"
 RECORD = DATA / "run-record.json"

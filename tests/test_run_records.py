@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import python_m
+from plugin_runs import errors
+from plugin_runs import run as plugin_run
 
 from cheapinfer.harness import report, schema, tables
-from harness import python_m
-from plugin_runs import errors, run as plugin_run
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_CLAIM = ["claims/test_kv_cache.py::test_kv_cache_is_12288_bytes_per_token"]

@@ -152,7 +152,6 @@ def test_an_erratum_of_schema_1_that_is_no_object_is_one_line():
 
 def test_compare_and_merge_read_a_schema_1_record_beside_this_versions(tmp_path, capsys):
     """A harness error said by the reason's prefix still reads as one; the erratum under ``erratum`` still renders."""
-    from cheapinfer.harness import compare, merge
 
     now = schema.upgrade(schema.check_record(json.loads(SCHEMA_1.read_text(encoding="utf-8"))))
     now["schema"] = schema.RUN_SCHEMA

@@ -23,13 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .. import CHECKOUT, __version__
-from ..harness.registry import clocked_claims, slow_claims
+from .. import __version__
+from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
 from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
+from ..harness.registry import clocked_claims, slow_claims
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
 from ..runtime.files import kind_of
 from .forks import clear_halt, halt
-from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
 
 #: ``--timeout``: below this, starting pytest and importing torch alone would "time out" every fault.
 MIN_TIMEOUT = 5.0
@@ -47,7 +47,6 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
     """
     from ..harness.registry import DEVIATES
-
     from .launch import run_claims
 
     outdir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .forks import child_environment
 
-
 #: The exit status of a command Ctrl-C interrupted (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 128 + signal.SIGINT
 

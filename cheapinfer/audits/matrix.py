@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import CHECKOUT
-from . import families as kernel_families
 from ..harness import registry
-from ..harness.schema import ClaimEntry, ResultEntry, read_record
 from ..harness.compare import shape_bounds
 from ..harness.record import is_harness_error
-from .launch import Interrupted, child_environment, interruptible
 from ..harness.registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
 from ..harness.report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
+from ..harness.schema import ClaimEntry, ResultEntry, read_record
 from ..harness.tables import machine_label, markdown_table
+from . import families as kernel_families
+from .launch import Interrupted, child_environment, interruptible
 
 ROOT = CHECKOUT
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
 GIB = 2**30
 RESERVE_GIB = 1.5
 CACHE_BYTES_PER_ELEMENT = 2  # fp16 keys and values

@@ -38,8 +38,8 @@ from typing import Callable, Sequence
 
 import torch
 from scipy import stats
-from . import battery, perplexity
 
+from . import battery, perplexity
 
 # ------------------------------------------------------------------------------------------------
 # agreement

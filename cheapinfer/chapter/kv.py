@@ -27,8 +27,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from ..runtime import accel, hf, premise, roofline, rounding
-from ..runtime.arch import QWEN25_05B, Arch
 from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
+from ..runtime.arch import QWEN25_05B, Arch
 from ..runtime.timing import Marks, mark_name
 
 GIB = 2**30

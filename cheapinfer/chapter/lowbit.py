@@ -43,9 +43,9 @@ import torch
 import torch.nn as nn
 
 from .. import SEED
-from . import quant
-from ..runtime.settings import TIMING_THREADS_VARIABLE
 from ..runtime.roofline import streamed_bytes, tensor_bytes
+from ..runtime.settings import TIMING_THREADS_VARIABLE
+from . import quant
 
 INT4_GROUP = 128
 
@@ -353,9 +353,9 @@ def decode_steps(models: Mapping[str, object], timed: Callable, probe_bytes: int
     the read the limit (:func:`over_read`).
     """
     from ..runtime.accel import stream_probes
+    from ..runtime.evidence import traced
     from ..runtime.memory import release
     from .batching import decode_step
-    from ..runtime.evidence import traced
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     device = next(next(iter(models.values())).parameters()).device

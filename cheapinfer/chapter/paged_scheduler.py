@@ -200,8 +200,8 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
 
     run, evidence = traced(model, lambda: run_paged(model, lengths, slots, prompts, slots * math.ceil(reserved / block_size), block_size))
     snaps = run.batch.snapshots
-    from .paging import run_waste
     from ..runtime.rounding import GreedyJudge
+    from .paging import run_waste
 
     judge = GreedyJudge(model)
     alone = {r: judge(prompts[r], tokens_alone(model, prompts[r], lengths[r]), run.batch.generated[r]) for r in compare}

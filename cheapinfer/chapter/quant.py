@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 #: The schemes of the book's error table, in its order. ``reference`` is the unquantized fp32 weight.
 SCHEMES = ("reference", "int8-tensor", "int8-row", "int4-tensor", "int4-row", "int4-g128", "nf4")
 

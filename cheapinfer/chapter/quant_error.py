@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
 from .. import SEED
 from . import quant
 

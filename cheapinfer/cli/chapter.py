@@ -9,9 +9,8 @@ import math
 import sys
 from pathlib import Path
 
-from .common import Command, Parser, positive
-
 from ..chapter.budget import ASSUMPTIONS, GIB, MODELS, RESERVE_GIB, TABLE_HEADER, budget, table_rows, tables
+from .common import Command, Parser, positive
 
 
 def _budget_arguments(p: Parser) -> None:

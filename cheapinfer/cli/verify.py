@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from .. import CHECKOUT
-from ..audits.launch import INTERRUPTED, claims_args, run_claims, run_interruptibly as _run_interruptibly
+from ..audits.launch import INTERRUPTED, claims_args, run_claims
+from ..audits.launch import run_interruptibly as _run_interruptibly
 from .common import Command, Parser, bounded_count, nonempty, nonempty_path
 
 ROOT = CHECKOUT
@@ -108,8 +109,8 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
         print(f"cheapinfer verify: --stress is deprecated: it is cheapinfer stress --busy {args.stress} now", file=sys.stderr)
         args.busy = args.stress
         return _stress(p, args, rest, prog="cheapinfer verify --stress")
-    from ..harness import report, schema, tables
     from ..audits.launch import child_environment
+    from ..harness import report, schema, tables
 
     device = _device(args.device)
     if device is None:
@@ -147,7 +148,8 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
 def _warn_memory(report_dir: Path, device: str) -> None:
     """One line on stderr, before the run, when this machine has less memory available than the latest whole run in
     ``report_dir`` measured as its peak (nothing when there is no such record, or it cannot be read)."""
-    from ..harness import record as records, report, schema
+    from ..harness import record as records
+    from ..harness import report, schema
     from ..runtime import memory
 
     path = report_dir / report.RECORD_NAME
@@ -183,7 +185,8 @@ def _out_dir(p: Parser, args: argparse.Namespace, name: str) -> Path:
 
 def _isa(p: Parser, args: argparse.Namespace, rest: list[str], prog: str = "cheapinfer isa") -> int:
     """``isa`` (``verify --isa-matrix``): the usage checks, then :func:`cheapinfer.audits.matrix.isa_main`."""
-    from ..audits import families as kernel_families, matrix
+    from ..audits import families as kernel_families
+    from ..audits import matrix
 
     _needs_checkout(p)
     if args.device not in ("auto", "cpu"):

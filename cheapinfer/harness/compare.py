@@ -49,12 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import registry
 from ..runtime.settings import printable
+from . import registry, schema
 from .record import is_harness_error
 from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
 from .report import KEY_ENVIRONMENT
-from . import schema
 from .reruns import PROCESS_LEVEL, by_profile, finite, identities, not_a_rerun, rerun_values, welch_p
 from .schema import ClaimEntry, RunRecord
 

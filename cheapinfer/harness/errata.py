@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import registry
+from . import registry, tables
 from .record import ALL_TARGETS, NOT_REACHED, RED
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE
-from . import tables
 from .schema import ResultEntry, RunRecord
-
 
 # ----------------------------------------------------------------------------------------------
 # candidate errata

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from . import compare
 from .registry import DEVIATES, NOT_RUN, VERDICTS
 from .report import KEY_ENVIRONMENT
-from .tables import machine_label, markdown_table
-from . import compare
 from .schema import ClaimEntry, RunRecord
+from .tables import machine_label, markdown_table
 
 # ----------------------------------------------------------------------------------------------
 # merge

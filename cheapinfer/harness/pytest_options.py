@@ -10,7 +10,6 @@ Nothing heavy is imported here (no torch).
 
 from __future__ import annotations
 
-
 import pytest
 
 #: ``--twin-dtype`` choices: the keys of ``cheapinfer.runtime.models.DTYPES`` (a self-test checks that they agree).

@@ -17,8 +17,6 @@ from . import registry, verdict
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 from .schema import ResultEntry
 
-
-
 #: How the reason of a result that is *not run* because its test raised before a verdict (an error, not a skip) begins,
 #: for a reader; what says so is its ``harness_error`` field (records of schema 1 said it by this prefix only, and
 #: :func:`cheapinfer.harness.schema.upgrade` reads them so).

@@ -58,7 +58,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from .grades import GRADES  # noqa: F401 (registry.GRADES: read from here)
-from .numbers import fmt as fmt, is_number as is_number, margin_text as margin_text  # theirs; read from here too
+from .numbers import fmt, is_number, margin_text  # noqa: F401 (theirs; read from here too)
 from .registry_fields import DRAWS_MIN, DRAWS_RULE, check_fields, check_guards  # noqa: F401 (registry.DRAWS_RULE: read from here)
 
 REPRODUCED = "reproduced"

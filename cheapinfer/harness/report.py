@@ -20,12 +20,10 @@ from typing import Any
 
 from .. import __version__
 from ..runtime.files import why_not_a_directory
-from . import registry
+from . import author, errata, registry, tables
 from .record import overall
-from .schema import ClaimEntry, RECORD_NAME, RUN_SCHEMA, ResultEntry, RunRecord
 from .registry import NO_TEST, NOT_RUN, fmt
-from . import author, errata, tables
-
+from .schema import RECORD_NAME, RUN_SCHEMA, ClaimEntry, ResultEntry, RunRecord
 
 ERRATA_NAME = "errata.md"
 #: Why a selected claim has no result in an interrupted run.

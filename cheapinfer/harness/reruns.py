@@ -19,7 +19,6 @@ from . import schema
 from .registry import NOT_RUN
 from .schema import ClaimEntry, RunRecord
 
-
 #: Level of the test between processes: two-sided, the level of ``registry.NOISE_SIGMAS`` standard errors under normal noise
 #: (erfc(3 / sqrt 2) = 0.27%), so that a move between processes is called at the level a verdict is decided at.
 PROCESS_LEVEL = math.erfc(3.0 / math.sqrt(2.0))

@@ -8,11 +8,10 @@ import json
 from collections import Counter
 from typing import Any
 
+from ..runtime.memory import gib
 from . import registry
 from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
 from .schema import CheckResult, ClaimEntry, RunRecord
-from ..runtime.memory import gib
-
 
 #: A verdict in a report's words; a stand-in's or twin's verdict says so first, so that nobody reads it as the book's digits confirmed.
 BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "stand-in: shape holds, book digits not run", ERRATUM: "erratum (confirmed)", INCONCLUSIVE: "inconclusive",

@@ -16,7 +16,6 @@ from ..chapter import workload as batch_workload
 from ..runtime.device import installed_version
 from . import engine
 
-
 # ----------------------------------------------------------------------------------------------
 # the table
 # ----------------------------------------------------------------------------------------------

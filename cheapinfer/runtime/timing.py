@@ -33,7 +33,6 @@ from .. import SEED
 from .accel import elapsed, sync
 from .settings import timing_threads
 
-
 #: torch intra-op threads while timing on a CPU. One thread: on a CPU shared with other work a
 #: multi-threaded matrix product waits at every barrier for a descheduled thread (a [2, 896] x
 #: [896, 4864] product took 24 ms on two threads against 3 ms on one, and a decode step at

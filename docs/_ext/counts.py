@@ -11,8 +11,8 @@ from sphinx.application import Sphinx
 
 def counts() -> dict[str, int]:
     """Every count a page may state, from the registry, the claim tests and the fault catalogue."""
-    from cheapinfer.faults import catalogue, core  # noqa: F401  (importing the catalogue registers its faults)
     from cheapinfer.audits import matrix
+    from cheapinfer.faults import catalogue, core  # noqa: F401  (importing the catalogue registers its faults)
     from cheapinfer.harness import registry
     from cheapinfer.runtime.profiles import device_dependent
 

@@ -5,4 +5,4 @@ the measurement code that the claims' tests call. Each names the claims it must 
 this package registers every fault, in the book's order.
 """
 
-from . import kv, batching, quantization, outliers, evaluation, speculative, budget, bounds  # noqa: F401  (each registers its faults)
+from . import batching, bounds, budget, evaluation, kv, outliers, quantization, speculative  # noqa: F401  (each registers its faults)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ...chapter import batching, paging, knee, paged_scheduler, scheduler, workload
+from ...chapter import batching, knee, paged_scheduler, paging, scheduler, workload
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import misspelled_while, replaying_steps
-
 
 # ------------------------------------------------------------------------------------------------
 # 2. Batching, paged cache

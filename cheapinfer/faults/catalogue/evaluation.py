@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ...chapter import evaluation, quant, battery, perplexity
+from ...chapter import battery, evaluation, perplexity, quant
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
-
 
 # ------------------------------------------------------------------------------------------------
 # 5. Does quantization hurt?

@@ -13,7 +13,6 @@ from ...runtime import accel, hf
 from ..base import CONSTANT, DISABLED, RULE, fault, patched
 from .common import replaying_steps
 
-
 # ------------------------------------------------------------------------------------------------
 # 1. KV cache
 # ------------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from ...chapter import batching, formats, lowbit, quant, quant_error
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import replaying_first
 
-
 # ------------------------------------------------------------------------------------------------
 # 3. Weight quantization
 # ------------------------------------------------------------------------------------------------

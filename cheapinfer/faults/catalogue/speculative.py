@@ -6,7 +6,6 @@ from ...chapter import distill, speculative
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import MISSPELLED_HF, misspelled_while, replaying_first
 
-
 # ------------------------------------------------------------------------------------------------
 # 6-7. Speculative decoding, distillation
 # ------------------------------------------------------------------------------------------------
