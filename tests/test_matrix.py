@@ -358,7 +358,7 @@ def test_sigterm_during_a_stressed_run_stops_the_busy_processes_and_is_one_line(
 
     code = stress.stress_main(CLAIMS, 2, tmp_path, lambda d, c: ["pytest"], run, record(), "quiet.json")
     assert code == 143 and len(seen) >= 2 and not any(_alive(int(p)) for p in seen)
-    assert capsys.readouterr().err.strip() == ("cheapinfer verify --stress: terminated (SIGTERM); the running claims run was stopped; "
+    assert capsys.readouterr().err.strip() == ("cheapinfer stress: terminated (SIGTERM); the running claims run was stopped; "
                                                "no summary was written")
     assert not (tmp_path / "stress.json").exists()
 

@@ -1,4 +1,4 @@
-"""The CPU kernel families of ``verify --isa-matrix`` (:mod:`cheapinfer.audits.matrix`): the caps that make
+"""The CPU kernel families of ``cheapinfer isa`` (:mod:`cheapinfer.audits.matrix`): the caps that make
 this CPU dispatch like a smaller one, the probe that records what actually ran, and the check that a cap
 took effect (a cap that silently did nothing is reported, not trusted).
 """

@@ -298,7 +298,7 @@ def claims_run(command: Command, run: Runner, report_dir: Path, claims: list[str
 
 
 def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner,
-               echo: Callable[[str], None] = print, base_env: dict[str, str] | None = None) -> dict[str, Any]:
+               echo: Callable[[str], None] = print, base_env: dict[str, str] | None = None, prog: str = "cheapinfer isa") -> dict[str, Any]:
     """Run ``claims`` under each of ``families`` and build the matrix (as written to ``isa/matrix.json``)."""
     base_env = child_environment(base_env)
     started = time.monotonic()
@@ -314,19 +314,19 @@ def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command
         if why:
             info["unavailable"] = unavailable[name] = why
             records[name] = None
-            echo(f"cheapinfer verify --isa-matrix: {name}: not available here ({why})")
+            echo(f"{prog}: {name}: not available here ({why})")
             continue
         env = kernel_families.family_env(fam, base_env)
         found = own if not fam.caps else kernel_families.probe(env)
         info["probe"] = found
-        echo(f"cheapinfer verify --isa-matrix: {name} ({', '.join(f'{k}={v}' for k, v in fam.caps.items()) or 'no cap'}): "
+        echo(f"{prog}: {name} ({', '.join(f'{k}={v}' for k, v in fam.caps.items()) or 'no cap'}): "
              f"{len(claims)} claim(s) into {report_dir / name}")
         got = claims_run(command, run, report_dir / name, claims, env)
         records[name] = got["record"]
         info.update(record=got["path"], exit_status=got["exit_status"], seconds=got["seconds"])
         info["cap"] = kernel_families.cap_check(fam, found, (got["record"] or {}).get("environment"), own)
         info["ran_environment"] = {k: (got["record"] or {}).get("environment", {}).get(k) for k in ("cpu_capability", "cpu_isa_caps")}
-        echo(f"cheapinfer verify --isa-matrix: {name}: {info['cap']['text']}")
+        echo(f"{prog}: {name}: {info['cap']['text']}")
     tab = table(records, claims, unavailable)
     # The machine as its own kernels describe it (a capped run's environment names its caps).
     env = next((r["environment"] for name, r in sorted(records.items(), key=lambda kv: kv[0] != "default") if r), {})
@@ -359,11 +359,11 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
 
 
 def isa_main(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner,
-             prog: str = "cheapinfer verify --isa-matrix") -> int:
+             prog: str = "cheapinfer isa") -> int:
     """``cheapinfer isa``: 0 when no claim flips, 1 when one does (or a family wrote no record)."""
 
     def body() -> int:
-        m = isa_matrix(claims, families, report_dir, command, run)
+        m = isa_matrix(claims, families, report_dir, command, run, prog=prog)
         md, js = report_dir / "matrix.md", report_dir / "matrix.json"
         atomic_write((md, matrix_markdown(m)), (js, json.dumps(m, indent=1, default=str) + "\n"))
         print()

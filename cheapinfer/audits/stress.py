@@ -1,4 +1,4 @@
-"""``verify --stress N`` (:mod:`cheapinfer.audits.matrix`): the clocked claims run once on the quiet
+"""``cheapinfer stress`` (was ``verify --stress N``) (:mod:`cheapinfer.audits.matrix`): the clocked claims run once on the quiet
 machine, then again beside N CPU-bound processes (:func:`busy`); per claim the quiet and the stressed
 verdict and the machine's load around each. Load must never be what turns a claim red.
 """
@@ -53,12 +53,12 @@ def busy(n: int, seconds: float = BUSY_SECONDS) -> Iterator[list[int]]:
 
 
 def stress(claims: list[str], n: int, report_dir: Path, command: matrix.Command, run: matrix.Runner, quiet_record: dict[str, Any] | None = None,
-           quiet_source: str | None = None, echo: Callable[[str], None] = print) -> dict[str, Any]:
+           quiet_source: str | None = None, echo: Callable[[str], None] = print, prog: str = "cheapinfer stress") -> dict[str, Any]:
     """The quiet run (or ``quiet_record``), the run beside ``n`` busy processes, and how each claim's verdict moved."""
     started = time.monotonic()
     env = dict(os.environ)
     if quiet_record is None:
-        echo(f"cheapinfer verify --stress: the quiet run: {len(claims)} clocked claim(s) into {report_dir / 'quiet'}")
+        echo(f"{prog}: the quiet run: {len(claims)} clocked claim(s) into {report_dir / 'quiet'}")
         got = matrix.claims_run(command, run, report_dir / "quiet", claims, env)
         quiet_record, quiet_source, quiet_exit = got["record"], got["path"], got["exit_status"]
     else:
@@ -67,7 +67,7 @@ def stress(claims: list[str], n: int, report_dir: Path, command: matrix.Command,
     if quiet_record is None:  # nothing to compare with: the stressed run would tell nothing
         got = {"record": None, "path": None, "exit_status": None, "seconds": 0.0}
     else:
-        echo(f"cheapinfer verify --stress: the run beside {n} busy process(es) into {report_dir / 'stressed'}")
+        echo(f"{prog}: the run beside {n} busy process(es) into {report_dir / 'stressed'}")
         with busy(n) as pids:
             got = matrix.claims_run(command, run, report_dir / "stressed", claims, env)
     stressed = got["record"]
@@ -112,11 +112,11 @@ def stress_lines(s: dict[str, Any]) -> list[str]:
 
 
 def stress_main(claims: list[str], n: int, report_dir: Path, command: matrix.Command, run: matrix.Runner, quiet_record: dict[str, Any] | None,
-                quiet_source: str | None, prog: str = "cheapinfer verify --stress") -> int:
+                quiet_source: str | None, prog: str = "cheapinfer stress") -> int:
     """``cheapinfer stress``: 0 when no claim turned red under stress, 1 when one did (or a run wrote no record)."""
 
     def body() -> int:
-        s = stress(claims, n, report_dir, command, run, quiet_record, quiet_source)
+        s = stress(claims, n, report_dir, command, run, quiet_record, quiet_source, prog=prog)
         atomic_write((report_dir / "stress.json", json.dumps(s, indent=1, default=str) + "\n"))
         print()
         print("\n".join(stress_lines(s)))

@@ -1,9 +1,5 @@
-"""``python -m cheapinfer errata --chapter FILE -o errata.patch``: the unified diff of every replacement of
-cheapinfer/errata.toml on one translation of the chapter, for an author to review and apply with
-``patch -p1`` or ``git apply`` in the chapter's folder.
-
-A quote found other than exactly once is refused with its line (exit 1); nothing is guessed and no patch is written.
-"""
+"""Reading one translation of the chapter for ``cheapinfer errata`` (the command: :mod:`cheapinfer.cli.records`), which
+writes the unified diff of every replacement of cheapinfer/errata.toml for an author to apply."""
 
 from __future__ import annotations
 
