@@ -60,3 +60,31 @@ def patched(target: Any, attribute: str, replacement: Any) -> ContextManager[Any
     if not hasattr(target, attribute):
         raise AttributeError(f"fault patches {getattr(target, '__name__', target)}.{attribute}, which does not exist")
     return mock.patch.object(target, attribute, replacement)
+
+
+@dataclass(frozen=True)
+class SuiteFault:
+    """A fault of the suite's own code (its text checks, its record readers, its statistics), not of the measured
+    system: the self-test it must turn red is named by ``check``."""
+
+    name: str
+    check: str  # the suite's check it must turn red, one of its registry's checks
+    what: str  # the bug, in one sentence
+    activate: Callable[[], ContextManager[None]]
+
+
+def suite_faults(kind: str, checks: tuple[str, ...]) -> tuple[dict[str, SuiteFault], Callable[..., Any]]:
+    """A registry of :class:`SuiteFault` and its decorator ``register(name, check, what)``, which turns a generator that
+    holds the fault into its context manager; a name registered twice or an unknown check is refused."""
+    registry: dict[str, SuiteFault] = {}
+
+    def fault_of(name: str, check: str, what: str):
+        def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
+            if name in registry or check not in checks:
+                raise ValueError(f"{kind} fault {name}: registered twice, or for an unknown check {check!r}")
+            registry[name] = SuiteFault(name, check, what, contextlib.contextmanager(gen))
+            return gen
+
+        return register
+
+    return registry, fault_of

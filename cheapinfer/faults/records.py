@@ -4,42 +4,23 @@ point, by a bug these readers could realistically have, and must turn its self-t
 direction (tests/test_compare_bounds.py), the report's snapshot (tests/test_report.py). A test that stays green under
 its fault proves nothing.
 
-:data:`RECORD_FAULTS`: fault name -> :class:`RecordFault` (the reader it breaks, the bug in one sentence, and the
+:data:`RECORD_FAULTS`: fault name -> :class:`~cheapinfer.faults.base.SuiteFault` (the reader it breaks, the bug in one sentence, and the
 context manager that holds it for as long as the block runs).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, Iterator
 
 from ..harness import compare, errata, schema
-from .base import patched
+from .base import patched, suite_faults
 
 COMPARE, REPORT = "compare", "report"
 READERS = (COMPARE, REPORT)
 
 
-@dataclass(frozen=True)
-class RecordFault:
-    name: str
-    check: str  # one of READERS
-    what: str  # the bug, in one sentence
-    activate: Callable[[], ContextManager[None]]
-
-
-RECORD_FAULTS: dict[str, RecordFault] = {}
-
-
-def _fault(name: str, check: str, what: str):
-    def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
-        if name in RECORD_FAULTS or check not in READERS:
-            raise ValueError(f"record fault {name}: registered twice, or for an unknown reader {check!r}")
-        RECORD_FAULTS[name] = RecordFault(name, check, what, contextlib.contextmanager(gen))
-        return gen
-
-    return register
+RECORD_FAULTS, _fault = suite_faults("record", READERS)
 
 
 @contextlib.contextmanager

@@ -3,30 +3,23 @@ chapter's. What n = 16 can tell apart (the exact interval's coverage, the gap at
 fewest one-way changes McNemar's test calls significant, one question never) is a theorem about the statistics, so
 it is no claim: tests/test_battery_statistics.py checks it, and runs it under each fault here, where it must fail.
 
-:data:`STAT_FAULTS`: fault name -> (the bug in one sentence, the context manager that holds it).
+:data:`STAT_FAULTS`: fault name -> :class:`~cheapinfer.faults.base.SuiteFault` (the bug in one sentence, the context
+manager that holds it).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, ContextManager, Iterator
-
 from scipy import stats
 
 from ..chapter import battery
-from .base import patched
+from .base import patched, suite_faults
 
-STAT_FAULTS: dict[str, tuple[str, Callable[[], ContextManager[None]]]] = {}
+BATTERY = "battery statistics"
+STAT_FAULTS, _registered = suite_faults("statistics", (BATTERY,))
 
 
 def _fault(name: str, what: str):
-    def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
-        if name in STAT_FAULTS:
-            raise ValueError(f"statistics fault {name}: registered twice")
-        STAT_FAULTS[name] = (what, contextlib.contextmanager(gen))
-        return gen
-
-    return register
+    return _registered(name, BATTERY, what)
 
 
 @_fault("interval-wrong-level", "the binomial interval is given the significance level (0.05) where it expects the confidence level (0.95)")

@@ -4,45 +4,25 @@ that read the chapter's text (:mod:`cheapinfer.harness.textchecks`, :mod:`~cheap
 turn that check red (tests/test_errata_text.py; the listings' check in tests/test_listings.py, reading
 :mod:`~cheapinfer.harness.explanations`): a check that stays green under its fault proves nothing.
 
-:data:`TEXT_FAULTS`: fault name -> :class:`TextFault` (the check it must turn red, the bug in one sentence, and the
+:data:`TEXT_FAULTS`: fault name -> :class:`~cheapinfer.faults.base.SuiteFault` (the check it must turn red, the bug in one sentence, and the
 context manager that holds it for as long as the block runs).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterator
+from typing import ContextManager
 from unittest import mock
 
 from ..harness import explanations, grades, locate, textchecks
-from .base import patched
+from .base import patched, suite_faults
 
 UNITS, FORMULAS, ROUND_WORDS, LOCATE, PATCH = "units classification", "formula locale", "round-word grading", "locate by quote", "patch writer"
 LISTINGS = "listings"
 CHECKS = (UNITS, FORMULAS, ROUND_WORDS, LOCATE, PATCH, LISTINGS)
 
 
-@dataclass(frozen=True)
-class TextFault:
-    name: str
-    check: str  # one of CHECKS
-    what: str  # the bug, in one sentence
-    activate: Callable[[], ContextManager[None]]
-
-
-TEXT_FAULTS: dict[str, TextFault] = {}
-
-
-def _fault(name: str, check: str, what: str):
-    def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
-        if name in TEXT_FAULTS or check not in CHECKS:
-            raise ValueError(f"text fault {name}: registered twice, or for an unknown check {check!r}")
-        TEXT_FAULTS[name] = TextFault(name, check, what, contextlib.contextmanager(gen))
-        return gen
-
-    return register
+TEXT_FAULTS, _fault = suite_faults("text", CHECKS)
 
 
 def _dict_entry(target: dict, key: str, value: object) -> ContextManager[object]:
