@@ -107,6 +107,8 @@ def test_a_perturbation_moves_every_float_by_its_own_factor_and_keeps_names_coun
     ("guards", ["tensor_over_row"], "names both the path it reads"),
     ("draws", 99, "at least 100"),
     ("draws", True, "at least 100"),
+    ("fault", "Q_ABSMAX", "must name one fault of the catalogue"),
+    ("fault", ["q-absmax-clamp-dropped"], "must name one fault of the catalogue"),
 ])
 def test_the_loader_refuses_a_cross_check_or_draws_it_cannot_use(field, value, message):
     check = {"q": "ratio", "kind": "shape", "op": ">", "bound": 1.0, "why": "a reason", field: value}
