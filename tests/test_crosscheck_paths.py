@@ -33,6 +33,7 @@ def _matrix() -> torch.Tensor:
 MEASUREMENTS = {
     "Q-ERROR-TABLE": lambda: quant_error.table_values(_weights()),
     "Q-ROW-3.4": lambda: quant_error.scale_ratios(_weights()),
+    "Q-NF4": lambda: quant_error.nf4_values(_weights()),
     "Q-DOWNPROJ-STATS": lambda: quant_error.tail_values(_matrix()),
 }
 
