@@ -48,6 +48,23 @@ def _kv_decode_step_replays():
 
 
 @fault(
+    "kv-flat-ratio-inverted",
+    section="KV",
+    kind=RULE,
+    targets=("KV-DECODE-FLAT",),
+    what="the flat-step ratio is taken the wrong way round, the step at 16 tokens over the step at 1,024: a longer context then reads as faster than a short one (about 0.93), which a ceiling alone passes",
+)
+def _kv_flat_ratio_inverted():
+    real = kv.flat_ratio
+
+    def inverted(times, contexts):
+        return {k: 1 / v for k, v in real(times, contexts).items()}
+
+    with patched(kv, "flat_ratio", inverted):
+        yield
+
+
+@fault(
     "kv-prefill-replays-first",
     section="KV",
     kind=RULE,

@@ -31,6 +31,24 @@ def _spec_passes_misspelled(which: str):
 
 
 @fault(
+    "spec-verify-cost-inverted",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-VERIFY-COST",),
+    what="the verification costs are taken the wrong way round, the pass over one position over the pass over 5 (and over 9 x the pass over 9): a wider pass then reads as cheaper than one position (about 0.45 and 0.04), which the ceilings alone pass",
+)
+def _spec_verify_cost_inverted():
+    real = speculative.verify_costs
+
+    def inverted(times):
+        costs = real(times)
+        return {"cost": 1 / costs["cost"], "cost_per_position_gamma8": 1 / (81 * costs["cost_per_position_gamma8"])}
+
+    with patched(speculative, "verify_costs", inverted):
+        yield
+
+
+@fault(
     "spec-verify-pass-replays-first",
     section="SPEC",
     kind=RULE,
