@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...chapter import distill, speculative
-from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched, result_mapped
 from .common import MISSPELLED_HF, misspelled_while, replaying_first
 
 # ------------------------------------------------------------------------------------------------
@@ -38,13 +38,10 @@ def _spec_passes_misspelled(which: str):
     what="the verification costs are taken the wrong way round, the pass over one position over the pass over 5 (and over 9 x the pass over 9): a wider pass then reads as cheaper than one position (about 0.45 and 0.04), which the ceilings alone pass",
 )
 def _spec_verify_cost_inverted():
-    real = speculative.verify_costs
-
-    def inverted(times):
-        costs = real(times)
+    def inverted(costs):  # time(1) / time(5), and time(1) / (9 time(9)) = 1 / (81 x time(9) / (9 time(1)))
         return {"cost": 1 / costs["cost"], "cost_per_position_gamma8": 1 / (81 * costs["cost_per_position_gamma8"])}
 
-    with patched(speculative, "verify_costs", inverted):
+    with result_mapped(speculative, "verify_costs", inverted):
         yield
 
 
