@@ -371,7 +371,7 @@ def test_decode_step_is_flat_in_context(claim, twin, timed):
     contexts = (16, 128, 512, 1024)
     caches = {C: kv.random_cache(twin.config, C, twin.dtype, twin.device) for C in contexts}
     steps = {C: kv.decode_step(twin.model, caches[C], C) for C in contexts}
-    ratio = lambda t: {"step_ratio": t[f"C={contexts[-1]}"] / t[f"C={contexts[0]}"]}  # noqa: E731  one set of times -> the claim's quantity
+    ratio = lambda t: kv.flat_ratio(t, contexts)  # noqa: E731  one set of times -> the claim's quantity
     samples = timed({f"C={C}": steps[C] for C in contexts}, rounds=7, warmup=1, quantities=ratio, forwards_of=twin.model)
     traced = [kv_evidence.decode_step_evidence(twin.model, caches[C], C) for C in (contexts[0], contexts[-1])]  # after the timed steps
     evidence = {"cache_grows_by_one": all(e["cache_grows_by_one"] for e in traced),

@@ -34,16 +34,12 @@ def test_verifying_gamma_tokens_costs_about_one_pass(claim, twin, timed):
     matrix-matrix product, barely more expensive than the pass over one"."""
     context = 128
     variants = spec.verify_callables(twin.model, context, widths=(1, 5, 9), seed=SEED)
-
-    def costs(t) -> dict[str, float]:  # one set of pass times -> the claim's clocked ratios
-        return {"cost": t["k=5"] / t["k=1"], "cost_per_position_gamma8": t["k=9"] / (9 * t["k=1"])}
-
-    samples = timed(variants, rounds=5, warmup=1, quantities=costs, forwards_of=twin.model)
+    samples = timed(variants, rounds=5, warmup=1, quantities=spec.verify_costs, forwards_of=twin.model)
     used = evidence.traced_each(twin.model, variants)  # each timed pass once more, traced, outside the clock
     claim.note(f"the timed verification passes, traced once: {evidence.describe(used)}")
     claim.note(evidence.describe_timed(samples, "verification pass"))
     one = samples["k=1"].median
-    found = timing.estimates(samples, costs)
+    found = timing.estimates(samples, spec.verify_costs)
     claim.verify(
         "twin",
         **evidence.conditions(used),

@@ -33,6 +33,7 @@ def _matrix() -> torch.Tensor:
 MEASUREMENTS = {
     "Q-ERROR-TABLE": lambda: quant_error.table_values(_weights()),
     "Q-ROW-3.4": lambda: quant_error.scale_ratios(_weights()),
+    "Q-NF4": lambda: quant_error.nf4_values(_weights()),
     "Q-DOWNPROJ-STATS": lambda: quant_error.tail_values(_matrix()),
 }
 
@@ -107,6 +108,8 @@ def test_a_perturbation_moves_every_float_by_its_own_factor_and_keeps_names_coun
     ("guards", ["tensor_over_row"], "names both the path it reads"),
     ("draws", 99, "at least 100"),
     ("draws", True, "at least 100"),
+    ("fault", "Q_ABSMAX", "must name one fault of the catalogue"),
+    ("fault", ["q-absmax-clamp-dropped"], "must name one fault of the catalogue"),
 ])
 def test_the_loader_refuses_a_cross_check_or_draws_it_cannot_use(field, value, message):
     check = {"q": "ratio", "kind": "shape", "op": ">", "bound": 1.0, "why": "a reason", field: value}

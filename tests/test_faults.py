@@ -42,7 +42,8 @@ def test_faults_cover_every_section_of_the_chapter():
 def test_the_runner_reports_a_fault_that_turns_nothing_red(monkeypatch, tmp_path):
     """A missed fault is an exit-1 finding, with the claim's verdict beside it."""
     some = next(iter(faults.catalogue()))
-    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: {cid: registry.REPRODUCED for cid in claims})
+    monkeypatch.setattr(faults, "declared_checks", dict)
+    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: faults.FaultRun({cid: registry.REPRODUCED for cid in claims}, {}))
     result = faults.run([some], 2, tmp_path, echo=lambda line: None)
     assert result["faults"][some]["caught"] == 0
     assert any("red 0/2" in row and "reproduced" in row for row in faults.table(result))
@@ -69,10 +70,13 @@ def test_faults_on_slow_claims_start_first_when_there_is_no_last_run(monkeypatch
     assert slow and set(order[: len(slow)]) == set(slow), order
 
 
-def _logging_runner(monkeypatch, red):
-    """A fake ``_run_one`` that logs who ran beside whom, and turns red the claims ``red(claim)`` picks."""
+def _logging_runner(monkeypatch, red, declared=None, failed=lambda cid: ["q == 1"]):
+    """A fake ``_run_one`` that logs who ran beside whom, and turns red the claims ``red(claim)`` picks; a red claim
+    fails the checks ``failed(claim)`` names. ``declared``: the checks that name their fault (none unless given)."""
     import threading
     import time
+
+    monkeypatch.setattr(faults, "declared_checks", lambda: declared or {})
 
     active, log = [], []
     lock = threading.Lock()
@@ -84,12 +88,13 @@ def _logging_runner(monkeypatch, red):
         time.sleep(0.05)
         with lock:
             active.remove(f.name)
-        out = {}
+        out, checks = {}, {}
         for cid in claims:
             out[cid] = record.RED if red(cid) else registry.SHAPE_HOLDS
+            checks[cid] = {"failed": failed(cid) if red(cid) else [], "held": [] if red(cid) else failed(cid)}
             if stop and out[cid] == record.RED:
                 break
-        return out
+        return faults.FaultRun(out, checks)
 
     monkeypatch.setattr(faults, "_run_one", fake)
     return log
@@ -279,3 +284,57 @@ def test_all_targets_runs_every_claim_and_a_fault_with_a_clocked_one_alone():
     assert {n for n, _, _ in first} == {"quick", "long", "slow"} and quiet == ["timed", "only-timed"]
     alone = faults.alone_jobs(_TARGETS, quiet, 1, {"T"}, caught=lambda n, i: True, all_targets=True)
     assert alone == [("timed", 0, ("C", "T")), ("only-timed", 0, ("T",))]  # caught or not: every target claim runs
+
+
+# a check's own fault (registry ``fault``): the sweep runs its claim to the end under it and fails where it holds
+# ------------------------------------------------------------------------------------------------
+
+
+def test_every_check_that_names_a_fault_names_one_of_the_catalogue_aimed_at_its_claim():
+    cat, named = faults.catalogue(), faults.declared_checks()
+    assert named, "no check names its fault"
+    for name, checks in named.items():
+        assert name in cat, f"a check names {name!r}, which the catalogue lacks"
+        assert {cid for cid, _ in checks} <= set(cat[name].targets), f"{name} does not name the claim of the check that names it: {checks}"
+
+
+def test_a_claims_checks_by_outcome_over_its_profiles():
+    claim = {"results": [
+        {"test": "t", "checks": [{"q": "a", "expected": "a < 1", "passed": True}, {"q": "b", "expected": "b == 2", "passed": True}]},
+        {"test": "t", "checks": [{"q": "a", "expected": "a < 1", "passed": False}, {"q": "c", "passed": True}]},
+        {"checks": [{"q": "d", "passed": False}]},  # the placeholder of an unselected test: no test, not judged
+    ]}
+    assert faults.checks_of(claim) == {"failed": ["a < 1"], "held": ["b == 2", "c"]}
+
+
+def test_a_check_that_holds_under_its_own_fault_fails_the_sweep_even_when_its_claim_goes_red(monkeypatch, tmp_path):
+    """The claim is red under the fault (another check failed), yet a check that names the fault was never judged failing."""
+    cat = faults.catalogue()
+    name = next(n for n, f in cat.items() if not set(f.targets) & registry.clocked_claims())
+    cid = cat[name].targets[0]
+    declared = {name: [(cid, "q == 1"), (cid, "r > 0")]}
+    _logging_runner(monkeypatch, red=lambda c: True, declared=declared)
+    result = faults.run([name], 2, tmp_path, echo=lambda line: None)
+    assert result["faults"][name]["caught"] == 2
+    assert [(t["check"], t["run"], t["status"]) for t in result["toothless"]] == [("r > 0", 1, "not judged"), ("r > 0", 2, "not judged")]
+    rows = faults.teeth_table(result)
+    assert any(f"{cid}: `q == 1`" in row and "failed 2/2" in row for row in rows)
+    assert any(f"{cid}: `r > 0`" in row and "failed 0/2" in row for row in rows)
+
+
+def test_toothless_names_a_check_that_held_and_passes_over_faults_not_run():
+    declared = {"f": [("A", "x < 1")], "g": [("B", "y > 0")]}
+    runs = {"f": {"checks": [{"A": {"failed": [], "held": ["x < 1"]}}, {"A": {"failed": ["x < 1"], "held": []}}]}}
+    assert faults.toothless(declared, runs) == [{"claim": "A", "check": "x < 1", "fault": "f", "run": 1, "status": "held"}]
+
+
+def test_a_fault_named_by_a_check_runs_that_claim_to_the_end_and_its_clocked_claim_even_when_caught(monkeypatch, tmp_path):
+    cat, clocked = faults.catalogue(), registry.clocked_claims()
+    mixed = next(n for n, f in cat.items() if set(f.targets) & clocked and set(f.targets) - clocked)
+    timed = next(c for c in cat[mixed].targets if c in clocked)
+    log = _logging_runner(monkeypatch, red=lambda cid: True, declared={mixed: [(timed, "q == 1")]})
+    result = faults.run([mixed], 1, tmp_path, echo=lambda line: None)
+    assert [(set(claims) & clocked, stop) for _, claims, _, _, stop in log] == [(set(), True), ({timed}, False)]
+    assert result["toothless"] == []
+    alone = faults.alone_jobs(_TARGETS, ["timed"], 1, {"T"}, caught=lambda n, i: True, must={"timed": {"T"}})
+    assert alone == [("timed", 0, ("T",))] and faults.alone_jobs(_TARGETS, ["timed"], 1, {"T"}, caught=lambda n, i: True) == []

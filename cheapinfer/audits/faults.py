@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .. import __version__
 from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
@@ -39,9 +39,27 @@ MIN_TIMEOUT = 5.0
 # ------------------------------------------------------------------------------------------------
 
 
+class FaultRun(NamedTuple):
+    """One run of one fault: each claim's verdict, and for each claim it judged, its checks that failed and held."""
+
+    verdicts: dict[str, str]
+    checks: dict[str, dict[str, list[str]]]
+
+
+def checks_of(claim: Mapping[str, Any]) -> dict[str, list[str]]:
+    """A record claim's checks by outcome over its results (profiles): ``failed`` where any result failed the check,
+    ``held`` where every result that judged it passed. A check is named as the record states it (``expected``)."""
+    outcome: dict[str, bool] = {}
+    for result in claim.get("results", []):
+        for check in result.get("checks", []) if result.get("test") else ():
+            name = check.get("expected") or check["q"]
+            outcome[name] = outcome.get(name, True) and bool(check["passed"])
+    return {"failed": sorted(n for n, ok in outcome.items() if not ok), "held": sorted(n for n, ok in outcome.items() if ok)}
+
+
 def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float, threads: int | None = None,
-             stop: bool = False) -> dict[str, str]:
-    """Run the tests of ``claims`` with ``fault`` active; the verdict of each claim.
+             stop: bool = False) -> FaultRun:
+    """Run the tests of ``claims`` with ``fault`` active; the verdict of each claim, and its checks by outcome.
 
     ``threads``: torch threads of the pytest process (``None``: its default). ``stop``: stop after the first
     claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
@@ -54,16 +72,16 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
                      pytest_args=["--no-header", "-r", "N", "--benchmark-disable", "--benchmark-json", str(outdir / "benchmarks.json")])
     code, tail = got.exit_status, got.tail
     if code is None:
-        return {cid: f"timed out after {timeout:.0f} s" for cid in claims}
+        return FaultRun({cid: f"timed out after {timeout:.0f} s" for cid in claims}, {})
     try:
         if got.record_path is None:
             raise OSError(f"no record kept in {outdir}")
         record = read_record(got.record_path)
     except RecordError as exc:
-        return {cid: f"no well-formed record ({exc}; pytest exit {code}: {tail})" for cid in claims}
+        return FaultRun({cid: f"no well-formed record ({exc}; pytest exit {code}: {tail})" for cid in claims}, {})
     except (OSError, ValueError):
-        return {cid: f"no record (pytest exit {code}: {tail})" for cid in claims}
-    out = {}
+        return FaultRun({cid: f"no record (pytest exit {code}: {tail})" for cid in claims}, {})
+    out, checks = {}, {}
     for cid in claims:
         claim = record["claims"].get(cid, {})
         results = [r for r in claim.get("results", []) if r.get("test")]  # the placeholder of an unselected test has none
@@ -75,7 +93,9 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
             out[cid] = NOT_REACHED
         else:
             out[cid] = claim.get("verdict", "absent")
-    return out
+        if results:
+            checks[cid] = checks_of(claim)
+    return FaultRun(out, checks)
 
 
 def uncovered() -> list[str]:
@@ -84,6 +104,33 @@ def uncovered() -> list[str]:
 
     named = {cid for f in catalogue().values() for cid in f.targets}
     return [cid for cid in registry.load() if cid not in named]
+
+
+def declared_checks() -> dict[str, list[tuple[str, str]]]:
+    """Each fault that a registry check names as its ``fault``: the (claim, check as the record states it) that name it."""
+    from ..harness import registry
+
+    out: dict[str, list[tuple[str, str]]] = {}
+    for cid, claim in registry.load().items():
+        for check in claim.checks:
+            if check.fault:
+                out.setdefault(check.fault, []).append((cid, check.describe(claim.book)))
+    return out
+
+
+def toothless(declared: Mapping[str, Sequence[tuple[str, str]]], faults: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The checks that did not fail under the fault they name, run by run (``FAULT_RULE``): each with the fault, the run
+    (from 1) and whether it ``held`` or was ``not judged`` (its claim not run to it, errored, or without the check).
+    Pure: ``faults`` is a fault record's ``faults``; a fault the sweep did not run is passed over."""
+    out = []
+    for name, checks in declared.items():
+        for i, run in enumerate(faults.get(name, {}).get("checks", [])):
+            for cid, check in checks:
+                got = run.get(cid, {})
+                if check not in got.get("failed", ()):
+                    out.append({"claim": cid, "check": check, "fault": name, "run": i + 1,
+                                "status": "held" if check in got.get("held", ()) else "not judged"})
+    return out
 
 
 #: One fault run: (the fault's name, the run's index, the claims it runs).
@@ -110,12 +157,15 @@ def plan(targets: Mapping[str, Sequence[str]], runs: int, clocked: set[str], slo
 
 
 def alone_jobs(targets: Mapping[str, Sequence[str]], quiet: Sequence[str], runs: int, clocked: set[str], caught: Callable[[str, int], bool],
-               all_targets: bool = False) -> list[Job]:
+               all_targets: bool = False, must: Mapping[str, set[str]] | None = None) -> list[Job]:
     """The alone phase, chosen after the counted one: the clocked claims of each fault's runs that no counted claim
-    caught (``caught(fault, run)``); with ``all_targets``, every claim of every fault with a clocked claim."""
+    caught (``caught(fault, run)``), and in every run the clocked claims ``must`` names for the fault (a check of theirs
+    names it: :func:`toothless`); with ``all_targets``, every claim of every fault with a clocked claim."""
     if all_targets:
         return [(n, i, tuple(targets[n])) for n in quiet for i in range(runs)]
-    return [(n, i, tuple(c for c in targets[n] if c in clocked)) for n in quiet for i in range(runs) if not caught(n, i)]
+    must = must or {}
+    jobs = [(n, i, tuple(c for c in targets[n] if c in clocked and (not caught(n, i) or c in must.get(n, ())))) for n in quiet for i in range(runs)]
+    return [job for job in jobs if job[2]]
 
 
 def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo: Callable[[str], None] = print, workers: int = 2,
@@ -140,19 +190,24 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
     faults = catalogue()
     clocked = clocked_claims()
     started = time.time()
+    declared = declared_checks()
+    must = {n: {cid for cid, _ in declared.get(n, ())} for n in names}  # claims run to the end: a check names the fault
     per_run: dict[str, list[dict[str, str]]] = {n: [{} for _ in range(runs)] for n in names}
+    per_checks: dict[str, list[dict[str, dict[str, list[str]]]]] = {n: [{} for _ in range(runs)] for n in names}
     seconds: dict[str, float] = {n: 0.0 for n in names}
     alone_ran: dict[str, bool] = {n: False for n in names}
     lock = threading.Lock()
 
     def step(name: str, i: int, claims: tuple[str, ...], tmp: str, alone: bool, phase: str) -> None:
         t0 = time.time()
-        got = _run_one(faults[name], claims, Path(tmp) / f"{name}-{i}-{phase}", timeout, threads=None if alone else 1, stop=not all_targets)
+        stop = not all_targets and not set(claims) & must[name]
+        run, checks = _run_one(faults[name], claims, Path(tmp) / f"{name}-{i}-{phase}", timeout, threads=None if alone else 1, stop=stop)
         with lock:
-            per_run[name][i].update(got)
+            per_run[name][i].update(run)
+            per_checks[name][i].update(checks)
             seconds[name] += time.time() - t0
             alone_ran[name] |= alone
-            red = [cid for cid, v in got.items() if v == RED]
+            red = [cid for cid, v in run.items() if v == RED]
             echo(f"  {name} (run {i + 1}, {'alone' if alone else 'beside another'}): "
                  f"{'red: ' + ', '.join(red) if red else 'nothing red'} ({time.time() - t0:.0f} s)")
 
@@ -167,7 +222,7 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
         pool = ThreadPoolExecutor(max_workers=max(1, workers))
         try:
             list(pool.map(lambda job: step(*job, tmp, False, "counted"), first))
-            for job in alone_jobs(targets, quiet, runs, clocked, caught, all_targets):
+            for job in alone_jobs(targets, quiet, runs, clocked, caught, all_targets, must):
                 step(*job, tmp, True, "clocked")
         except BaseException:  # SIGTERM (faults_cli), Ctrl-C: the running fault runs end now, before the folder goes
             halt()
@@ -186,11 +241,14 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
         hits = [any(v == RED for v in r.values()) for r in per_run[n]]
         results[n] = {
             "section": f.section, "kind": f.kind, "what": f.what, "targets": list(f.targets), "clocked": alone_ran[n],
-            "runs": per_run[n], "caught": sum(hits), "seconds": round(seconds[n], 1),
+            "runs": per_run[n], "caught": sum(hits), "seconds": round(seconds[n], 1), "checks": per_checks[n],
         }
         by = sorted({cid for r in per_run[n] for cid, v in r.items() if v == RED})
         echo(f"{'caught' if all(hits) else 'MISSED':<7} {n}: red in {sum(hits)} of {runs} run(s)"
              f"{' by ' + ', '.join(by) if by else ''} ({results[n]['seconds']:.0f} s{', alone' if alone_ran[n] else ''})")
+    held = toothless(declared, results)
+    for t in held:
+        echo(f"TOOTHLESS {t['claim']}: {t['check']} {t['status']} under its own fault {t['fault']} (run {t['run']})")
     return {
         "schema": FAULT_SCHEMA,
         "suite": f"cheapinfer {__version__}",
@@ -200,6 +258,7 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
         "seconds": round(time.time() - started, 1),
         "faults": results,
         "uncovered": uncovered(),
+        "toothless": held,
     }
 
 
@@ -215,6 +274,19 @@ def table(result: FaultRecord) -> list[str]:
             other = sorted({v for run in r["runs"] for v in [run.get(cid, "absent")] if v != RED})
             rows.append([name, r["kind"], cid, f"red {red}/{n}" + (f" (else: {'; '.join(other)})" if other else "")])
     return markdown_table(["fault", "kind", "claim", "verdict under the fault"], rows)
+
+
+def teeth_table(result: FaultRecord) -> list[str]:
+    """The checks that name their fault (Markdown): for each, whether it failed under that fault, run by run."""
+    from ..harness.tables import markdown_table
+
+    rows = []
+    for name, checks in declared_checks().items():
+        runs = result["faults"].get(name, {}).get("checks")
+        for cid, check in checks if runs else ():
+            failed = sum(check in run.get(cid, {}).get("failed", ()) for run in runs)
+            rows.append([f"{cid}: `{check}`", name, f"failed {failed}/{len(runs)}"])
+    return markdown_table(["check", "its fault", "under it"], rows) if rows else []
 
 
 def faults_main(p, args) -> int:
@@ -254,6 +326,11 @@ def faults_main(p, args) -> int:
     print(f"\n{len(result['faults'])} faults, {args.runs} run(s) each ({result['mode']}), {result['seconds']:.0f} s: "
           f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "") + ".")
     print(f"Claims no known fault turns red: {', '.join(result['uncovered']) or 'none'}")
+    teeth = teeth_table(result)
+    if teeth:
+        print("\n" + "\n".join(teeth))
+    print(f"Checks that held or went unjudged under the fault they name: "
+          f"{', '.join(sorted({t['claim'] + ': ' + t['check'] for t in result['toothless']})) or 'none'}")
     target, text = args.report_dir / FAULTS_NAME, json.dumps(result, indent=1) + "\n"
     try:
         args.report_dir.mkdir(parents=True, exist_ok=True)
@@ -266,4 +343,4 @@ def faults_main(p, args) -> int:
         print(f"cheapinfer faults: error: cannot write {target} ({exc.strerror or exc}); {previous}; {kept}", file=sys.stderr)
         return 1
     print(f"written: {target}")
-    return 1 if missed else 0
+    return 1 if missed or result["toothless"] else 0

@@ -223,6 +223,12 @@ def random_cache(config, context: int, dtype: torch.dtype, device: torch.device 
     return cache
 
 
+def flat_ratio(times: Mapping[str, float], contexts: Sequence[int]) -> dict[str, float]:
+    """KV-DECODE-FLAT's quantity from one set of decode-step times (``C=<context>``): the step at the longest context
+    over the step at the shortest. A longer context does all the shorter one's work and more, so it is at least 1."""
+    return {"step_ratio": times[f"C={contexts[-1]}"] / times[f"C={contexts[0]}"]}
+
+
 def decode_step(model, cache, context: int) -> Callable[[], object]:
     """One decode step at ``context`` cached tokens, repeatable: the step's new entry is cropped off again."""
     one = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)

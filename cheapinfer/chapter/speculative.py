@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -381,6 +381,12 @@ def assisted_generate(target, draft, prompt: Sequence[int], new_tokens: int) -> 
 # ------------------------------------------------------------------------------------------------
 # the cost of verification
 # ------------------------------------------------------------------------------------------------
+
+
+def verify_costs(times: Mapping[str, float]) -> dict[str, float]:
+    """SPEC-VERIFY-COST's quantities from one set of pass times (``k=<positions>``): a pass over 5 and over 9 positions
+    against the pass over 1 (a pass over k positions does the one-position pass's work and more: at least 1 and 1/9)."""
+    return {"cost": times["k=5"] / times["k=1"], "cost_per_position_gamma8": times["k=9"] / (9 * times["k=1"])}
 
 
 def verify_callables(model, context: int, widths: Sequence[int], seed: int) -> dict[str, Callable[[], object]]:

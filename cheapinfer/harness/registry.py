@@ -59,7 +59,7 @@ from typing import Any, Mapping
 
 from .grades import GRADES  # noqa: F401 (registry.GRADES: read from here)
 from .numbers import fmt, is_number, margin_text  # noqa: F401 (theirs; read from here too)
-from .registry_fields import DRAWS_MIN, DRAWS_RULE, check_fields, check_guards  # noqa: F401 (registry.DRAWS_RULE: read from here)
+from .registry_fields import DRAWS_MIN, DRAWS_RULE, check_fields, check_guards, field_values  # noqa: F401 (registry.DRAWS_RULE: read from here)
 
 REPRODUCED = "reproduced"
 SHAPE_HOLDS = "shape holds"
@@ -127,6 +127,7 @@ class Check:
     reads: str = ""  # a cross-check: the measured path (dotted name of a function) whose result it and its guards are read off
     guards: tuple[str, ...] = ()  # with reads: the quantities of the claim the cross-check vouches for
     draws: int = 0  # judged on the median over this many seeded draws of its workload (DRAWS_RULE); 0: on one measurement
+    fault: str = ""  # the catalogue's fault under which this check fails (FAULT_RULE); "": none named
 
     def judged_on(self, profile: str) -> bool:
         return not self.profiles or profile in self.profiles
@@ -275,9 +276,7 @@ def _check_from(claim_id: str, raw: Mapping[str, Any], book: Mapping[str, Any]) 
         when_found=str(raw.get("when_found", "")),
         measurable=bool(raw.get("measurable", False)), limit=bool(raw.get("limit", False)),
         profiles=tuple(raw.get("profiles", ())),
-        reads=str(raw.get("reads", "")),
-        guards=tuple(raw.get("guards", ())),
-        draws=int(raw.get("draws", 0)),
+        **field_values(raw),
     )
 
 

@@ -9,6 +9,10 @@
   perturbed and fails where the check or a guarded quantity does not move with them, and the claim itself says so in
   its ``cross_checks_read_path``.
 - ``draws``: the check's quantity comes from a seeded workload; it is judged by :data:`DRAWS_RULE`.
+- ``fault``: the check's teeth, the catalogue's fault under which this check itself fails (not only its claim). The
+  fault sweep (``cheapinfer faults``) runs the check's claim under it in every run and fails where the check holds
+  there: a check that passes both on the correct system and under its own fault tests nothing
+  (:data:`FAULT_RULE`; ``tests/test_faults.py`` holds that the fault exists and names the check's claim).
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ DRAWS_RULE = (
     "without that distribution fails the check. The seeded workload's own value is reported as seeded_<q>; a check "
     "judged on it alone is named so and tests a mechanism (a direction within its noise), not the book's number"
 )
+#: The rule the fault sweep applies to every check that names its ``fault``.
+FAULT_RULE = (
+    "a check that names its fault must fail under it: in every run of the fault sweep its claim is run under that "
+    "fault to the end (never stopped at an earlier red claim), and a run in which the check holds, or is not judged, "
+    "fails the sweep"
+)
+#: A fault's name in the catalogue: lower-case words joined by hyphens.
+_FAULT_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)+")
 #: Where a cross-check's path may lie: the measured code (the chapter's measurements, the runtime they run on).
 _PATH = re.compile(r"cheapinfer\.(chapter|runtime)(\.[a-z_][a-z0-9_]*)+")
 
@@ -47,6 +59,15 @@ def check_fields(claim_id: str, raw: Mapping[str, Any], error: type[Exception]) 
         raise error(f"{claim_id}: check {q!r}: 'draws' must be a whole number of seeded draws, at least {DRAWS_MIN}, not {draws!r}")
     if draws is not None and (raw.get("searched") or raw.get("measurable")):
         raise error(f"{claim_id}: check {q!r}: a searched or measurable condition is not judged over draws")
+    fault = raw.get("fault")
+    if fault is not None and (not isinstance(fault, str) or not _FAULT_NAME.fullmatch(fault)):
+        raise error(f"{claim_id}: check {q!r}: 'fault' must name one fault of the catalogue (words joined by hyphens), not {fault!r}")
+
+
+def field_values(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of a validated check's ``reads``, ``guards``, ``draws`` and ``fault``, as :class:`Check` takes them."""
+    return {"reads": str(raw.get("reads", "")), "guards": tuple(raw.get("guards", ())), "draws": int(raw.get("draws", 0)),
+            "fault": str(raw.get("fault", ""))}
 
 
 def distribution_given(q: str, draws: int, measured: Mapping[str, Any]) -> bool:

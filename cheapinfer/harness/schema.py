@@ -134,6 +134,7 @@ class FaultEntry(TypedDict):
     clocked: NotRequired[bool]
     caught: NotRequired[int]
     seconds: NotRequired[float]
+    checks: NotRequired[list[dict[str, dict[str, list[str]]]]]  # per run, per claim run: the checks that "failed" and "held"
 
 
 class FaultRecord(TypedDict):
@@ -147,6 +148,7 @@ class FaultRecord(TypedDict):
     mode: NotRequired[str]
     seconds: NotRequired[float]
     uncovered: NotRequired[list[str]]
+    toothless: NotRequired[list[dict[str, Any]]]  # checks that held, or went unjudged, under the fault they name (FAULT_RULE)
 
 
 class RunHead(TypedDict):

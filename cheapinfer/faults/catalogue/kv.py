@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ...chapter import asides, kv, kv_listing, kv_macs, kv_memory
 from ...runtime import accel, hf
-from ..base import CONSTANT, DISABLED, RULE, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, fault, patched, result_mapped
 from .common import replaying_steps
 
 # ------------------------------------------------------------------------------------------------
@@ -44,6 +44,18 @@ def _kv_bytes_query_heads():
 )
 def _kv_decode_step_replays():
     with replaying_steps(kv, "decode_step"):
+        yield
+
+
+@fault(
+    "kv-flat-ratio-inverted",
+    section="KV",
+    kind=RULE,
+    targets=("KV-DECODE-FLAT",),
+    what="the flat-step ratio is taken the wrong way round, the step at 16 tokens over the step at 1,024: a longer context then reads as faster than a short one (about 0.93), which a ceiling alone passes",
+)
+def _kv_flat_ratio_inverted():
+    with result_mapped(kv, "flat_ratio", lambda ratio: {k: 1 / v for k, v in ratio.items()}):
         yield
 
 

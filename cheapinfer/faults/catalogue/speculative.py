@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...chapter import distill, speculative
-from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched, result_mapped
 from .common import MISSPELLED_HF, misspelled_while, replaying_first
 
 # ------------------------------------------------------------------------------------------------
@@ -28,6 +28,21 @@ def _spec_passes_misspelled(which: str):
             return real_generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
 
     return generate
+
+
+@fault(
+    "spec-verify-cost-inverted",
+    section="SPEC",
+    kind=RULE,
+    targets=("SPEC-VERIFY-COST",),
+    what="the verification costs are taken the wrong way round, the pass over one position over the pass over 5 (and over 9 x the pass over 9): a wider pass then reads as cheaper than one position (about 0.45 and 0.04), which the ceilings alone pass",
+)
+def _spec_verify_cost_inverted():
+    def inverted(costs):  # time(1) / time(5), and time(1) / (9 time(9)) = 1 / (81 x time(9) / (9 time(1)))
+        return {"cost": 1 / costs["cost"], "cost_per_position_gamma8": 1 / (81 * costs["cost_per_position_gamma8"])}
+
+    with result_mapped(speculative, "verify_costs", inverted):
+        yield
 
 
 @fault(
