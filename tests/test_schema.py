@@ -68,7 +68,7 @@ def test_the_pinned_record_and_the_runners_fault_record_conform(monkeypatch, tmp
     schema.check_record(pinned)
     assert _undeclared(pinned, schema.RunRecord, "record") == []
     some = next(iter(faults.catalogue()))
-    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: {cid: record.RED for cid in claims})
+    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: faults.FaultRun({cid: record.RED for cid in claims}, {}))
     written = json.loads(json.dumps(faults.run([some], 1, tmp_path, echo=lambda line: None)))
     assert schema.check_fault_record(written) is written and written["schema"] == schema.FAULT_SCHEMA
     assert _undeclared(written, schema.FaultRecord, "faults") == []

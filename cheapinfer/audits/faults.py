@@ -330,7 +330,7 @@ def faults_main(p, args) -> int:
     if teeth:
         print("\n" + "\n".join(teeth))
     print(f"Checks that held or went unjudged under the fault they name: "
-          f"{', '.join(sorted({t['claim'] + ': ' + t['check'] for t in result['toothless']})) or 'none'}")
+          f"{', '.join(sorted({t['claim'] + ': ' + t['check'] for t in result.get('toothless', [])})) or 'none'}")
     target, text = args.report_dir / FAULTS_NAME, json.dumps(result, indent=1) + "\n"
     try:
         args.report_dir.mkdir(parents=True, exist_ok=True)
@@ -343,4 +343,4 @@ def faults_main(p, args) -> int:
         print(f"cheapinfer faults: error: cannot write {target} ({exc.strerror or exc}); {previous}; {kept}", file=sys.stderr)
         return 1
     print(f"written: {target}")
-    return 1 if missed or result["toothless"] else 0
+    return 1 if missed or result.get("toothless") else 0
