@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from plugin_runs import errors, record, run
 
-from cheapinfer.harness import registry
+from cheapinfer.harness import registry, vocabulary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,7 +157,7 @@ def test_timed(benchmark):
     said = (f"the benchmark timings could not be written to {slot / 'benchmarks.json'} (Not a directory); nothing was written")
     run_info = record(pytester)["run"]
     assert run_info["warnings"] == [said] and run_info["benchmarks"] is None
-    assert record(pytester)["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.REPRODUCED
+    assert record(pytester)["claims"]["KV-BYTES-FORMULA"]["verdict"] == vocabulary.REPRODUCED
     assert [line for line in errors(result) if "benchmark" in line] == [f"WARNING: {said}"]
 
 
@@ -186,7 +186,7 @@ def test_never_started(claim):
     reasons = {cid: [r.get("reason") for r in kept["claims"][cid]["results"]] for cid in ("KV-MHA-7X", "KV-MACS", "KV-IDENTITY")}
     assert reasons == {"KV-MHA-7X": [report.INTERRUPTED_REASON], "KV-MACS": [report.INTERRUPTED_REASON],
                        "KV-IDENTITY": ["its test was not selected in this run"]}
-    assert kept["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.REPRODUCED
+    assert kept["claims"]["KV-BYTES-FORMULA"]["verdict"] == vocabulary.REPRODUCED
     assert "(interrupted)" in result.stdout.str()
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from cheapinfer.faults.records import RECORD_FAULTS, REPORT
-from cheapinfer.harness import errata, registry, report, schema
+from cheapinfer.harness import errata, registry, report, schema, vocabulary
 from cheapinfer.harness.record import Recorder
-from cheapinfer.harness.registry import DEVIATES, VERDICTS
+from cheapinfer.harness.vocabulary import DEVIATES, VERDICTS
 from cheapinfer.runtime import device as devices
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -70,8 +70,8 @@ def test_a_claim_with_two_errata_and_an_inconclusive_claim_read_right(fixed_reco
     """Both errata of Q-DOWNPROJ-STATS, each with its grade and evidence; BAT-KNEE's search and KV-DECODE-FLAT's margin
     as undecided, with their numbers, never as failures."""
     claims = fixed_record["claims"]
-    two = [cid for cid, c in claims.items() if len(c.get("errata", [])) >= 2 and c["verdict"] == registry.ERRATUM]
-    undecided = [cid for cid, c in claims.items() if c["verdict"] == registry.INCONCLUSIVE]
+    two = [cid for cid, c in claims.items() if len(c.get("errata", [])) >= 2 and c["verdict"] == vocabulary.ERRATUM]
+    undecided = [cid for cid, c in claims.items() if c["verdict"] == vocabulary.INCONCLUSIVE]
     assert two == ["Q-DOWNPROJ-STATS"] and sorted(undecided) == ["BAT-KNEE", "KV-DECODE-FLAT"]
     evidence, md = report.evidence_markdown(fixed_record), report.markdown(fixed_record)
     for e in claims["Q-DOWNPROJ-STATS"]["errata"]:

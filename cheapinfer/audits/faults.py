@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__
 from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
-from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.registry import clocked_claims, slow_claims
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
+from ..harness.vocabulary import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..runtime.files import kind_of
 from .forks import clear_halt, halt
 
@@ -46,7 +46,7 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     ``threads``: torch threads of the pytest process (``None``: its default). ``stop``: stop after the first
     claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
     """
-    from ..harness.registry import DEVIATES
+    from ..harness.vocabulary import DEVIATES
     from .launch import run_claims
 
     outdir.mkdir(parents=True, exist_ok=True)

@@ -14,25 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from . import registry, verdict
-from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 from .schema import ResultEntry
 
-#: How the reason of a result that is *not run* because its test raised before a verdict (an error, not a skip) begins,
-#: for a reader; what says so is its ``harness_error`` field (records of schema 1 said it by this prefix only, and
-#: :func:`cheapinfer.harness.schema.upgrade` reads them so).
-ERROR_REASON = "error before a verdict"
-
-
-def is_harness_error(result: ResultEntry) -> bool:
-    """A result that is *not run* because its test raised before a verdict, not because it was skipped: its field, never its reason's words."""
-    return result.get("verdict") == NOT_RUN and bool(result.get("harness_error"))
-
-
-#: The fault record's verdicts of a target claim (``schema.FaultEntry``): the fault turned it red, or the sweep did
-#: not run it (another claim had already caught the fault in that run); and the two modes of a fault run.
-RED = "red"
-NOT_REACHED = "not reached"
-SWEEP, ALL_TARGETS = "sweep", "all targets"
+# is_harness_error is vocabulary's (import it from there); audits/matrix.py still reads it as record.is_harness_error.
+from .vocabulary import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, is_harness_error  # noqa: F401
 
 
 def jsonable(value: Any) -> Any:
@@ -66,7 +51,7 @@ class Result:
     test: str = ""
     seconds: float = 0.0
     perturbed: bool = False
-    harness_error: bool = False  # not run because the test raised before a verdict (is_harness_error)
+    harness_error: bool = False  # not run because the test raised before a verdict (vocabulary.is_harness_error)
     load: dict[str, Any] = field(default_factory=dict)  # the machine's load around a clocked measurement (load average, CPU steal)
     memory: dict[str, Any] = field(default_factory=dict)  # after the test: the process's peak and current resident set (schema.ResultEntry)
 

@@ -20,10 +20,11 @@ from typing import Any
 
 from .. import __version__
 from ..runtime.files import why_not_a_directory
-from . import author, errata, registry, tables
+from . import author, errata, errata_sections, registry, tables
+from .numbers import fmt, value_text
 from .record import overall
-from .registry import NO_TEST, NOT_RUN, fmt
 from .schema import RECORD_NAME, RUN_SCHEMA, ClaimEntry, ResultEntry, RunRecord
+from .vocabulary import KEY_ENVIRONMENT, NO_TEST, NOT_RUN, SHAPE_HOLDS
 
 ERRATA_NAME = "errata.md"
 #: Why a selected claim has no result in an interrupted run.
@@ -34,8 +35,6 @@ RUNS_DIR = "runs"
 BENCHMARKS_SUFFIX = ".benchmarks.json"
 #: The run id ``python -m cheapinfer verify`` gives its pytest, which names that run's record with it.
 RUN_ID_VARIABLE = "CHEAPINFER_RUN_ID"
-#: The environment entries a reader needs to compare two runs, in the order the report shows them.
-KEY_ENVIRONMENT = ("cpu", "gpu", "driver", "cuda", "torch", "transformers", "bitsandbytes", "gguf")
 
 
 def _check_spec(check: registry.Check) -> dict[str, Any]:
@@ -316,12 +315,12 @@ def _result_lines(claim_id: str, claim: ClaimEntry, r: ResultEntry) -> list[str]
     for chk in r.get("checks", []):
         status = "undecided" if chk.get("decided") is False else "ok" if chk["passed"] else "FAILS"
         role = "asserted" if chk["asserted"] else "reported"
-        noise = f" ± {tables.value_text(chk['se'])} ({tables.noise_words(chk)})" if chk.get("se") is not None else ""
-        lines.append(f"  - `{chk['q']}`: measured {tables.value_text(chk['measured'])}{noise}; expected {chk['expected']} — {status}, {role} ({chk['why']})")
+        noise = f" ± {value_text(chk['se'])} ({tables.noise_words(chk)})" if chk.get("se") is not None else ""
+        lines.append(f"  - `{chk['q']}`: measured {value_text(chk['measured'])}{noise}; expected {chk['expected']} — {status}, {role} ({chk['why']})")
     checked = {chk["q"] for chk in r.get("checks", [])}
     others = {k: v for k, v in r.get("measured", {}).items() if k not in checked}
     if others:
-        lines.append("  - also measured: " + "; ".join(f"`{k}` {tables.value_text(v)}" for k, v in others.items()))
+        lines.append("  - also measured: " + "; ".join(f"`{k}` {value_text(v)}" for k, v in others.items()))
     for note in r.get("notes", []):
         lines.append(f"  - note: {note}")
     for w in r.get("warnings", []):
@@ -360,7 +359,7 @@ def _head(record: RunRecord, title: str) -> list[str]:
         f"Device: {record['run'].get('device', '?')}; CPU: {env.get('cpu', '?')}; GPU: {env.get('gpu', '?')}"
         f" (driver {env.get('driver', '?')}, CUDA {env.get('cuda', '?')}); {versions}.",
         "",
-        "Verdicts: *reproduced* — the book's digits hold within the stated tolerance; *" + tables.BADGE[registry.SHAPE_HOLDS] + "* — on a "
+        "Verdicts: *reproduced* — the book's digits hold within the stated tolerance; *" + tables.BADGE[SHAPE_HOLDS] + "* — on a "
         "stand-in or twin model, where the book's digits cannot be expected, the claim's invariant holds: the book's measured numbers "
         "were not run and are not confirmed; *erratum* — a confirmed erratum: the book's digits fail as the registry documents, with "
         "evidence; *inconclusive* — the measurement could not decide (a margin within its noise, or a range it could not search "
@@ -385,10 +384,10 @@ def markdown(record: RunRecord) -> str:
     """errata.md, the author's list: summary, graded entries with their places, candidate errata, inconclusive, not run."""
     lines = [*_head(record, "Errata report"), "## Summary", "", *tables.summary_table(record), ""]
     lines += author.author_lines(record)
-    lines += errata.errata_lines(record)
-    lines += errata.inconclusive_lines(record)
+    lines += errata_sections.errata_lines(record)
+    lines += errata_sections.inconclusive_lines(record)
     lines += _not_run_lines(record)
-    lines += errata.fault_lines(record) if record.get("fault_run") else [
+    lines += errata_sections.fault_lines(record) if record.get("fault_run") else [
         "## Fault coverage", "", "No faults run is recorded: `python -m cheapinfer faults` measures which claims each known fault turns red.", ""]
     lines += author.closing_lines(record)
     return "\n".join(lines)
@@ -398,7 +397,7 @@ def evidence_markdown(record: RunRecord) -> str:
     """evidence.md: each claim's evidence (anchored by its ID, lower case), the confirmed errata's, figures, environment."""
     env = record["environment"]
     lines = [*_head(record, "Evidence"), f"The author's list is in [{ERRATA_NAME}]({ERRATA_NAME}).", ""]
-    lines += errata.confirmed_lines(record)
+    lines += errata_sections.confirmed_lines(record)
     figures = _figures(record)
     if figures:
         lines += ["## Figures", ""]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cheapinfer.harness import errata, registry, report
+from cheapinfer.harness import errata, report, vocabulary
 from cheapinfer.harness.record import Recorder
 
 HERE = Path(__file__).resolve().parent
@@ -148,7 +148,7 @@ FAULT_RUN = {
 def make() -> dict:
     record = report.build(results(), dict(ENVIRONMENT), dict(RUN), TESTED, faults=FAULTS, fault_run=FAULT_RUN)
     record["claims"] = {cid: c for cid, c in record["claims"].items() if cid in KEPT}
-    record["summary"] = {v: n for v, n in ((v, sum(c["verdict"] == v for c in record["claims"].values())) for v in registry.VERDICTS) if n}
+    record["summary"] = {v: n for v, n in ((v, sum(c["verdict"] == v for c in record["claims"].values())) for v in vocabulary.VERDICTS) if n}
     record["sections"] = {k: t for k, t in record["sections"].items() if any(c["section"] == k for c in record["claims"].values())}
     record["errata"] = errata.candidate_errata(record)
     return record
