@@ -164,7 +164,7 @@ def test_timed(benchmark):
 def test_a_claim_test_interrupted_mid_run_is_recorded_as_interrupted(pytester):
     """Ctrl-C during a claim's test: that claim and the selected ones after it are *interrupted*, never "not selected";
     the finished one keeps its verdict; the record is kept in runs/, and the latest run.json is not replaced."""
-    from cheapinfer.harness import report
+    from cheapinfer.harness import record as records
 
     pytester.makepyfile(test_interrupted='''
 import pytest
@@ -184,7 +184,7 @@ def test_never_started(claim):
     kept = record(pytester, latest=False)
     assert kept["run"]["interrupted"] is True and not (pytester.path / "reports" / "run.json").exists()
     reasons = {cid: [r.get("reason") for r in kept["claims"][cid]["results"]] for cid in ("KV-MHA-7X", "KV-MACS", "KV-IDENTITY")}
-    assert reasons == {"KV-MHA-7X": [report.INTERRUPTED_REASON], "KV-MACS": [report.INTERRUPTED_REASON],
+    assert reasons == {"KV-MHA-7X": [records.INTERRUPTED_REASON], "KV-MACS": [records.INTERRUPTED_REASON],
                        "KV-IDENTITY": ["its test was not selected in this run"]}
     assert kept["claims"]["KV-BYTES-FORMULA"]["verdict"] == vocabulary.REPRODUCED
     assert "(interrupted)" in result.stdout.str()

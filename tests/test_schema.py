@@ -53,7 +53,7 @@ def _built_record() -> dict:
              "seconds": 1.0, "uncovered": [], "faults": {"f": {"section": "KV", "kind": "k", "what": "w", "targets": ["KV-IDENTITY"], "clocked": False,
                                                               "runs": [{"KV-IDENTITY": vocabulary.RED}], "caught": 1, "seconds": 1.0}}}
     tested = {"KV-BYTES-FORMULA": ["t"], "KV-HEAD-TIMING": ["t"], "KV-IDENTITY": ["t"], "KV-API": ["t"], "KV-MACS": ["t"]}
-    return report.build(results, {"cpu": "x", "torch": "2"}, {"id": "abc", "command": "pytest"}, tested, faults={"KV-IDENTITY": ["f"]}, fault_run=fault)
+    return record.build(results, {"cpu": "x", "torch": "2"}, {"id": "abc", "command": "pytest"}, tested, faults={"KV-IDENTITY": ["f"]}, fault_run=fault)
 
 
 def test_what_the_report_writes_is_what_the_schema_declares():

@@ -221,7 +221,7 @@ def faults_main(p, args) -> int:
     """``cheapinfer faults`` after its arguments are parsed: the usage checks, the sweep, the table, faults.json."""
     import json
 
-    from ..harness.report import atomic_write
+    from ..harness.store import atomic_write
 
     faults = catalogue()
     unknown = [n for n in args.names if n not in faults]
@@ -236,7 +236,7 @@ def faults_main(p, args) -> int:
             print(f"{f.name}  [{f.section}, {f.kind}] -> {', '.join(f.targets)}\n    {f.what}")
         print(f"{len(faults)} faults; claims no known fault turns red: {', '.join(uncovered()) or 'none'}")
         return 0
-    from ..harness.report import writable_dir
+    from ..harness.store import writable_dir
 
     try:  # before the sweep: a folder that cannot take faults.json would throw the finished sweep away
         writable_dir(args.report_dir)
@@ -259,7 +259,7 @@ def faults_main(p, args) -> int:
         args.report_dir.mkdir(parents=True, exist_ok=True)
         atomic_write((target, text))
     except OSError as exc:  # a full disk after the sweep: one line; the previous faults.json is untouched, the sweep kept aside
-        from ..harness.aside import keep_aside
+        from ..harness.store import keep_aside
 
         previous = "the previous one is as it was" if target.exists() else "nothing was written there"
         kept = keep_aside(target, text, "this sweep's record")
