@@ -18,6 +18,6 @@ def pytest_addoption(parser, pluginmanager) -> None:
         return
     import fixtures.plugin
 
-    # Under its entry point's name; an environment installed before the plugin was the entry point has the options module
-    # there (it adds the options, and the plugin adds them only where they are missing).
+    # Under its entry point's name, unless another plugin holds that name (then under its module's; the plugin adds its
+    # options only where they are missing).
     pluginmanager.register(fixtures.plugin, fixtures.plugin.NAME if not pluginmanager.has_plugin(fixtures.plugin.NAME) else "fixtures.plugin")

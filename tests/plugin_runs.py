@@ -29,12 +29,12 @@ def run(pytester: pytest.Pytester, *args: str, **kwargs) -> pytest.RunResult:
 
 def record(pytester: pytest.Pytester, latest: bool = True) -> dict:
     """The record the run wrote: the latest ``run.json``, or (``latest=False``) the one it kept in ``runs/``."""
-    from cheapinfer.harness import report, schema
+    from cheapinfer.harness import schema, store
 
     reports = pytester.path / "reports"
     if latest:
         return schema.read_record(reports / "run.json")
-    [kept] = [p for p in (reports / report.RUNS_DIR).glob("*.json") if not p.name.endswith(report.BENCHMARKS_SUFFIX)]
+    [kept] = [p for p in (reports / store.RUNS_DIR).glob("*.json") if not p.name.endswith(store.BENCHMARKS_SUFFIX)]
     return schema.read_record(kept)
 
 

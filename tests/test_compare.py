@@ -1,7 +1,7 @@
 """compare (two run records: regressions) and merge (several: a claim x machine matrix).
 
 The records are the fixed one of the snapshot test (tests/data/run-record.json) and small ones
-built here with ``report.build`` from measurements judged by the registry.
+built here with ``record.build`` from measurements judged by the registry.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from cheapinfer import cli
 from cheapinfer.cli.records import compare_cli, merge_cli
 from cheapinfer.harness import compare as cmp
-from cheapinfer.harness import merge, report, schema
+from cheapinfer.harness import merge, schema
+from cheapinfer.harness import record as records
 from cheapinfer.harness.record import Recorder
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
@@ -31,7 +32,7 @@ def built(bytes_per_token: int = 12_288, speedup: float = 3.0, env: dict | None 
     rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": bytes_per_token})
     rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "timed_forwards": 48, "timed_forwards_max": 48, "cached_s": 0.5})
     tested = {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]}
-    return report.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, tested)
+    return records.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, tested)
 
 
 def save(record: dict, path: Path) -> Path:
@@ -200,7 +201,7 @@ def test_a_claim_whose_test_was_not_selected_is_one_informational_change():
     before = built()
     rec = Recorder()
     rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": 3.0, "speedup_growth": 2.0, "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "timed_forwards": 48, "timed_forwards_max": 48})
-    after = report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu"}, {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]})
+    after = records.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu"}, {"KV-BYTES-FORMULA": ["t.py"], "KV-SPEEDUP-48": ["t.py"]})
     [change] = cmp.compare(before, after)
     assert (change.claim, change.profile, change.before, change.after, change.regression) == ("KV-BYTES-FORMULA", "-", "reproduced", "not run", False)
 
@@ -208,7 +209,7 @@ def test_a_claim_whose_test_was_not_selected_is_one_informational_change():
 def _gamma8(a09: float, a03: float) -> dict:
     rec = Recorder()
     rec.verify("SPEC-GAMMA8", "arithmetic", "cpu", {"speedup_a09": a09, "speedup_a03": a03})
-    return report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"SPEC-GAMMA8": ["t.py"]})
+    return records.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"SPEC-GAMMA8": ["t.py"]})
 
 
 def test_a_confirmed_erratum_whose_digits_reproduce_is_a_regression(tmp_path, capsys):
@@ -232,7 +233,7 @@ def _with_se(speedup: float, se: float) -> dict:
     rec = Recorder()
     rec.verify("KV-SPEEDUP-48", "twin", "cpu", {"speedup": speedup, "speedup_se": se, "speedup_growth": 2.0, "speedup_growth_se": 0.01,
                                                  "cache_grows_by_one": True, "logit_change_vs_no_context": 1.0, "timed_forwards": 48, "timed_forwards_max": 48})
-    return report.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-SPEEDUP-48": ["t.py"]})
+    return records.build([r.to_dict() for r in rec.results], dict(ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-SPEEDUP-48": ["t.py"]})
 
 
 def test_a_noisy_value_moved_within_three_combined_standard_errors_is_no_regression():
@@ -309,7 +310,7 @@ def test_a_value_an_erratum_stands_on_may_move_with_the_release_its_erratum_appl
     def kv_api(argument: str, transformers: str) -> dict:
         rec = Recorder()
         rec.verify("KV-API", "twin", "cpu", {"cache_argument": argument, "cache_attribute": argument, "identical": True})
-        return report.build([r.to_dict() for r in rec.results], {**ENV, "transformers": transformers},
+        return records.build([r.to_dict() for r in rec.results], {**ENV, "transformers": transformers},
                             {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-API": ["t.py"]})
 
     across = [c for c in cmp.compare(kv_api("cache", "5.24.0"), kv_api("past_key_values", "4.57.6")) if c.what == "cache_argument"]
@@ -329,7 +330,7 @@ def test_a_value_first_measured_when_a_search_succeeds_is_a_change_not_a_regress
                     "throughput_gain_16_32": gain_16_32, "latency_gain_16_32": 1.8, "cache_grows_by_fed": True, "logit_change_vs_no_context": 1.0,
                     "timed_forwards": 1, "timed_forwards_max": 1, "history_tokens": [64, 64]}
         rec.verify("BAT-KNEE", "twin", "cpu", measured)
-        return report.build([r.to_dict() for r in rec.results], ENV, {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"BAT-KNEE": ["t.py"]})
+        return records.build([r.to_dict() for r in rec.results], ENV, {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"BAT-KNEE": ["t.py"]})
 
     found_later = cmp.compare(knee(False, 0, 0), knee(True, 1.7, 256))
     assert found_later and not [c for c in found_later if c.regression], [c.line() for c in found_later]

@@ -18,8 +18,7 @@ import pytest
 from cheapinfer.faults.records import COMPARE, RECORD_FAULTS
 from cheapinfer.harness import compare as cmp
 from cheapinfer.harness import schema
-from cheapinfer.harness.record import ERROR_REASON
-from cheapinfer.harness.registry import DEVIATES, ERRATUM, INCONCLUSIVE, NOT_RUN, REPRODUCED, SHAPE_HOLDS
+from cheapinfer.harness.vocabulary import DEVIATES, ERRATUM, ERROR_REASON, INCONCLUSIVE, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 
 CID, Q, PROFILE = "X-RULE", "x", "p"
 REGRESSION, CHANGE, HELD, NONE = "regression", "change", "held, rerun to decide", "nothing"

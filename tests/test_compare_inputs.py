@@ -13,7 +13,7 @@ from harness import python_m
 
 from cheapinfer.cli.records import compare_cli, merge_cli
 from cheapinfer.harness import compare as cmp
-from cheapinfer.harness import merge, registry, schema
+from cheapinfer.harness import merge, schema, vocabulary
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 
@@ -110,8 +110,8 @@ def test_compare_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path
         ("no-suite", "'suite': expected 'cheapinfer <version>', and the record has none"),
         ("another-schema", "'schema': expected 1 or 2 (the schemas this version reads), not 3"),
         ("no-schema", "'schema': expected 1 or 2, and the record has none"),
-        ("unknown-claim-verdict", f"claim KV-IDENTITY: 'verdict': expected one of {', '.join(registry.VERDICTS)}, not 'maybe'"),
-        ("unknown-result-verdict", f"claim KV-IDENTITY: results[0]: 'verdict': expected one of {', '.join(registry.VERDICTS)}, not 'maybe'"),
+        ("unknown-claim-verdict", f"claim KV-IDENTITY: 'verdict': expected one of {', '.join(vocabulary.VERDICTS)}, not 'maybe'"),
+        ("unknown-result-verdict", f"claim KV-IDENTITY: results[0]: 'verdict': expected one of {', '.join(vocabulary.VERDICTS)}, not 'maybe'"),
         ("huge-measured", "claims.KV-IDENTITY.results[0].checks[0].measured: an integer of about 401 digits, beyond the range of a float"),
         ("not-unicode", "claims.KV-IDENTITY.results[0].reason: text that is not Unicode ('\\ud800')"),
     ],
@@ -128,13 +128,13 @@ def test_compare_names_what_it_cannot_read_in_one_line_through_the_command_line(
 
 
 def test_a_verdict_added_to_the_registry_is_read_without_another_change(monkeypatch):
-    """compare reads the known verdicts from registry.VERDICTS when it checks a record."""
+    """compare reads the known verdicts from vocabulary.VERDICTS when it checks a record."""
     rec = _record()
     next(iter(rec["claims"].values()))["verdict"] = "inconclusive"
-    if "inconclusive" not in registry.VERDICTS:
+    if "inconclusive" not in vocabulary.VERDICTS:
         with pytest.raises(schema.RecordError, match="not 'inconclusive'"):
             schema.check_record(rec)
-        monkeypatch.setattr(registry, "VERDICTS", (*registry.VERDICTS, "inconclusive"))
+        monkeypatch.setattr(vocabulary, "VERDICTS", (*vocabulary.VERDICTS, "inconclusive"))
     schema.check_record(rec)
 
 

@@ -18,7 +18,7 @@ from harness import python_m
 from cheapinfer.audits import faults
 from cheapinfer.audits import forks as child
 from cheapinfer.faults import core
-from cheapinfer.harness import record, registry, schema
+from cheapinfer.harness import registry, schema, vocabulary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_the_runner_reports_a_fault_that_turns_nothing_red(monkeypatch, tmp_path
     """A missed fault is an exit-1 finding, with the claim's verdict beside it."""
     some = next(iter(faults.catalogue()))
     monkeypatch.setattr(faults, "declared_checks", dict)
-    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: faults.FaultRun({cid: registry.REPRODUCED for cid in claims}, {}))
+    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: faults.FaultRun({cid: vocabulary.REPRODUCED for cid in claims}, {}))
     result = faults.run([some], 2, tmp_path, echo=lambda line: None)
     assert result["faults"][some]["caught"] == 0
     assert any("red 0/2" in row and "reproduced" in row for row in faults.table(result))
@@ -90,9 +90,9 @@ def _logging_runner(monkeypatch, red, declared=None, failed=lambda cid: ["q == 1
             active.remove(f.name)
         out, checks = {}, {}
         for cid in claims:
-            out[cid] = record.RED if red(cid) else registry.SHAPE_HOLDS
+            out[cid] = vocabulary.RED if red(cid) else vocabulary.SHAPE_HOLDS
             checks[cid] = {"failed": failed(cid) if red(cid) else [], "held": [] if red(cid) else failed(cid)}
-            if stop and out[cid] == record.RED:
+            if stop and out[cid] == vocabulary.RED:
                 break
         return faults.FaultRun(out, checks)
 
@@ -129,8 +129,8 @@ def test_the_sweep_stops_at_the_first_red_claim(monkeypatch, tmp_path):
     result = faults.run([mixed], 2, tmp_path, echo=lambda line: None)
     assert [set(claims) & clocked for _, claims, *_ in log] == [set(), set()]
     for run in result["faults"][mixed]["runs"]:
-        assert sorted(v for v in run.values() if v == record.RED) == [record.RED]
-        assert all(v == record.RED or v.startswith(record.NOT_REACHED) for v in run.values())
+        assert sorted(v for v in run.values() if v == vocabulary.RED) == [vocabulary.RED]
+        assert all(v == vocabulary.RED or v.startswith(vocabulary.NOT_REACHED) for v in run.values())
 
 
 def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
@@ -141,9 +141,9 @@ def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
     run = faults.last_run(tmp_path)["faults"][name]
     assert run["caught"] == 1
     verdicts = run["runs"][0]
-    red = [cid for cid, v in verdicts.items() if v == record.RED]
+    red = [cid for cid, v in verdicts.items() if v == vocabulary.RED]
     assert len(red) == 1 and f"| {name} | wrong constant | {red[0]} | red 1/1 |" in proc.stdout, proc.stdout
-    assert all(v.startswith(f"{record.NOT_REACHED}: caught by {red[0]}") for cid, v in verdicts.items() if cid != red[0]), verdicts
+    assert all(v.startswith(f"{vocabulary.NOT_REACHED}: caught by {red[0]}") for cid, v in verdicts.items() if cid != red[0]), verdicts
 
 
 def test_pytest_with_a_fault_keeps_its_own_record_and_replaces_neither_the_record_nor_the_errata(tmp_path):
@@ -159,7 +159,7 @@ def test_pytest_with_a_fault_keeps_its_own_record_and_replaces_neither_the_recor
     assert {n: p.read_text() for n, p in latest.items()} == {n: f"the chapter's last {n}\n" for n in latest}
     (kept,) = [p for p in (tmp_path / "runs").glob("*.json") if not p.name.endswith(".benchmarks.json")]
     rec = schema.read_record(kept)
-    assert rec["run"]["fault"] == name and rec["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.DEVIATES
+    assert rec["run"]["fault"] == name and rec["claims"]["KV-BYTES-FORMULA"]["verdict"] == vocabulary.DEVIATES
     assert f"record of this run with the fault {name} injected: {kept}" in proc.stdout, proc.stdout[-3000:]
     assert "were not replaced" in proc.stdout
 

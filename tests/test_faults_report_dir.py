@@ -23,7 +23,7 @@ import pytest
 
 from cheapinfer import cli as cli_main
 from cheapinfer.audits import faults as runner
-from cheapinfer.harness import report
+from cheapinfer.harness import store
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULT = "kv-decode-ignores-cache"
@@ -79,9 +79,9 @@ def _enospc(*args, **kwargs):
 
 
 def _fill(folder: Path, mp) -> None:
-    """A full disk in ``folder``, room elsewhere: ``report._write_all`` fails with ENOSPC on a file opened in ``folder``
+    """A full disk in ``folder``, room elsewhere: ``store._write_all`` fails with ENOSPC on a file opened in ``folder``
     (the descriptors ``os.open`` gave for it are tracked, as a descriptor names no path)."""
-    real_open, real_write, there = os.open, report._write_all, set()
+    real_open, real_write, there = os.open, store._write_all, set()
 
     def opened(path, flags, *args, **kwargs):
         fd = real_open(path, flags, *args, **kwargs)
@@ -89,7 +89,7 @@ def _fill(folder: Path, mp) -> None:
         return fd
 
     mp.setattr(os, "open", opened)
-    mp.setattr(report, "_write_all", lambda fd, data: _enospc() if fd in there else real_write(fd, data))
+    mp.setattr(store, "_write_all", lambda fd, data: _enospc() if fd in there else real_write(fd, data))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,14 +137,14 @@ def test_a_report_dir_that_cannot_take_faults_json_is_refused_before_the_sweep(m
 def test_keep_aside_writes_a_new_file_in_the_temporary_directory_or_prints_the_data(tmp_path, monkeypatch):
     import io
 
-    from cheapinfer.harness.aside import keep_aside
+    from cheapinfer.harness.store import keep_aside
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     said = keep_aside(tmp_path / "reports" / "faults.json", '{"a": 1}\n', "the record")
     kept = list(tmp_path.iterdir())
     assert len(kept) == 1 and kept[0].name.startswith("cheapinfer-faults-") and kept[0].suffix == ".json"
     assert said == f"the record was kept as {kept[0]} instead" and kept[0].read_text() == '{"a": 1}\n'
-    monkeypatch.setattr(report, "_write_all", _enospc)
+    monkeypatch.setattr(store, "_write_all", _enospc)
     out = io.StringIO()
     said = keep_aside(tmp_path / "faults.json", '{"a": 2}', "the record", out=out)
     assert out.getvalue() == '{"a": 2}\n' and list(tmp_path.iterdir()) == kept, "a partial file was left aside"
@@ -206,7 +206,7 @@ def test_the_writers_fault_turns_the_kept_aside_check_red(tmp_path, capsys, monk
 
 
 def test_with_no_room_anywhere_the_sweeps_record_goes_to_standard_output(tmp_path, capsys, monkeypatch):
-    code, line, out, reports = _fails_after_the_sweep(tmp_path, capsys, monkeypatch, lambda d, mp: mp.setattr(report, "_write_all", _enospc))
+    code, line, out, reports = _fails_after_the_sweep(tmp_path, capsys, monkeypatch, lambda d, mp: mp.setattr(store, "_write_all", _enospc))
     assert code == 1 and (reports / "faults.json").read_text() == "previous"
     assert f"could not be kept in {tmp_path / 'elsewhere'} either (No space left on device), so it was printed on standard output" in line
     assert list((tmp_path / "elsewhere").iterdir()) == [], "a partial file was left aside"

@@ -14,7 +14,8 @@ import pytest
 from cheapinfer import cli as cli_main
 from cheapinfer.cli.faults import faults_cli
 from cheapinfer.cli.records import compare_cli, merge_cli
-from cheapinfer.harness import registry, report, schema
+from cheapinfer.harness import record as records
+from cheapinfer.harness import registry, schema, store
 from cheapinfer.runtime import artifacts, files
 from cheapinfer.runtime import settings as cli
 
@@ -211,7 +212,7 @@ def _merge_o_on_a_full_disk(tmp_path, capsys, monkeypatch):
     out = tmp_path / "matrix.md"
     assert merge_cli([str(RECORD), "-o", str(out)]) == 0
     before = out.read_bytes()
-    monkeypatch.setattr(report, "_write_all", _enospc)
+    monkeypatch.setattr(store, "_write_all", _enospc)
     line = _refused(merge_cli, [str(RECORD), "-o", str(out)], capsys)
     assert out.read_bytes() == before, "the previous matrix was truncated"
     assert "No space left on device" in line and "the previous file is as it was" in line
@@ -221,8 +222,8 @@ def _merge_o_on_a_full_disk(tmp_path, capsys, monkeypatch):
 def _second_rename_fails(tmp_path, capsys, monkeypatch):
     rec, md = tmp_path / "run.json", tmp_path / "errata.md"
     md.mkdir()  # the rename over it fails after run.json is in place
-    with pytest.raises(report.PartlyWritten) as exc:
-        report.atomic_write((rec, "{}\n"), (md, "# errata\n"))
+    with pytest.raises(store.PartlyWritten) as exc:
+        store.atomic_write((rec, "{}\n"), (md, "# errata\n"))
     assert rec.read_text() == "{}\n" and exc.value.written == [rec] and exc.value.unwritten == [md]
     assert "run.json replaced, but" in str(exc.value) and "errata.md not" in str(exc.value)
 
@@ -230,11 +231,11 @@ def _second_rename_fails(tmp_path, capsys, monkeypatch):
 def _full_disk_before_the_renames(tmp_path, capsys, monkeypatch):
     rec, md = tmp_path / "run.json", tmp_path / "errata.md"
     rec.write_text("old record"), md.write_text("old errata")
-    monkeypatch.setattr(report, "_write_all", _enospc)
+    monkeypatch.setattr(store, "_write_all", _enospc)
     with pytest.raises(OSError) as exc:
-        report.atomic_write((rec, "new"), (md, "new"))
+        store.atomic_write((rec, "new"), (md, "new"))
     assert (rec.read_text(), md.read_text()) == ("old record", "old errata"), "the previous pair was truncated"
-    assert exc.value.errno == errno.ENOSPC and not isinstance(exc.value, report.PartlyWritten)
+    assert exc.value.errno == errno.ENOSPC and not isinstance(exc.value, store.PartlyWritten)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["errata.md", "run.json"]
 
 
@@ -244,7 +245,7 @@ def _faults_on_a_full_disk(tmp_path, capsys, monkeypatch):
     (tmp_path / "faults.json").write_text("previous")
     monkeypatch.setattr(runner, "run", lambda names, runs, *a, **k: {"runs": runs, "mode": "sweep", "seconds": 1.0, "uncovered": [],
                                                                       "faults": {n: {"targets": [], "runs": [{}], "kind": "k", "caught": 1} for n in names}})
-    monkeypatch.setattr(report, "_write_all", _enospc)
+    monkeypatch.setattr(store, "_write_all", _enospc)
     code = faults_cli(["--report-dir", str(tmp_path), next(iter(runner.catalogue()))])
     err = capsys.readouterr().err
     assert (tmp_path / "faults.json").read_text() == "previous", "the previous faults.json was truncated"
@@ -263,7 +264,7 @@ def _plot_on_a_full_disk(tmp_path, capsys, monkeypatch):
     probe.report_dir, probe.notes, probe.figures = tmp_path, [], []
     (tmp_path / "plots").mkdir()
     (tmp_path / "plots" / "f.png").write_bytes(b"previous png")
-    monkeypatch.setattr(report, "_write_all", _enospc)
+    monkeypatch.setattr(store, "_write_all", _enospc)
     fig = plt.figure()
     probe.figure("f", fig)  # no exception: a figure that cannot be saved does not fail its claim
     assert (tmp_path / "plots" / "f.png").read_bytes() == b"previous png", "the previous figure was truncated"
@@ -298,14 +299,14 @@ def test_the_writers_fault_turns_each_write_failure_check_red(case, tmp_path, ca
 def test_a_report_dir_slot_that_cannot_take_its_file_is_found_before_any_test(slot, make, said, tmp_path):
     make(tmp_path / slot)
     with pytest.raises(ValueError, match=said):
-        report.check_slots(tmp_path)
+        store.check_slots(tmp_path)
 
 
 def test_a_clean_report_dir_passes_the_slot_check(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "run.json").write_text("{}")
-    report.check_slots(tmp_path)
-    report.check_slots(tmp_path / "absent")
+    store.check_slots(tmp_path)
+    store.check_slots(tmp_path / "absent")
 
 
 def _file(tmp: Path) -> Path:
@@ -322,10 +323,10 @@ def _file(tmp: Path) -> Path:
 def test_writable_dir_names_the_real_cause(make, said, tmp_path):
     path = make(tmp_path)
     if said is None:
-        assert report.writable_dir(path).is_dir()
+        assert store.writable_dir(path).is_dir()
         return
     with pytest.raises(ValueError) as exc:
-        report.writable_dir(path)
+        store.writable_dir(path)
     assert said in str(exc.value) and "File exists" not in str(exc.value)
 
 
@@ -474,9 +475,9 @@ def test_a_registry_id_that_is_no_claim_id_is_refused():
 
 
 def test_interrupted_claims_are_recorded_as_interrupted_not_unselected():
-    record = report.build([], {}, {"interrupted": True}, {"KV-MACS": ["t"], "KV-API": ["t"]}, unfinished={"KV-MACS"})
+    record = records.build([], {}, {"interrupted": True}, {"KV-MACS": ["t"], "KV-API": ["t"]}, unfinished={"KV-MACS"})
     reasons = {cid: record["claims"][cid]["results"][0]["reason"] for cid in ("KV-MACS", "KV-API")}
-    assert reasons == {"KV-MACS": report.INTERRUPTED_REASON, "KV-API": "its test was not selected in this run"}
+    assert reasons == {"KV-MACS": records.INTERRUPTED_REASON, "KV-API": "its test was not selected in this run"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -566,7 +567,7 @@ def _benchmarks_on_a_full_disk(tmp_path, capsys, monkeypatch):
     path.write_text("previous timings")
     bench = SimpleNamespace(json=str(path))
     recording.pytest_sessionstart(SimpleNamespace(config=SimpleNamespace(_benchmarksession=bench)))
-    monkeypatch.setattr(report, "_write_all", _enospc)
+    monkeypatch.setattr(store, "_write_all", _enospc)
     bench.save_json({"benchmarks": []})  # pytest-benchmark's call after the last test: no exception reaches it
     assert path.read_text() == "previous timings", "the previous benchmark file was truncated"
     assert "could not be written" in recording.RUN_WARNINGS[0] and "the previous file is as it was" in recording.RUN_WARNINGS[0]
@@ -587,7 +588,7 @@ def test_verify_on_a_disk_that_fills_keeps_its_record_and_points_at_no_report_it
     assert full.returncode == 3, full.stdout[-2000:] + full.stderr[-2000:]
     assert {n: (tmp_path / n).read_bytes() for n in before} == before, "the latest record was replaced or truncated"
     errors = [line for line in full.stderr.splitlines() if line.startswith("ERROR")]
-    kept = sorted((tmp_path / report.RUNS_DIR).glob("*.json"))[-1]
+    kept = sorted((tmp_path / store.RUNS_DIR).glob("*.json"))[-1]
     assert errors == [f"ERROR: this run's record was kept as {kept}, but the latest run.json and errata.md could not be "
                       "replaced (No space left on device): they are as they were"], full.stderr
     assert schema.read_record(kept)["run"]["id"] != schema.read_record(tmp_path / "run.json")["run"]["id"]

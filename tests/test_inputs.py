@@ -276,9 +276,9 @@ def test_a_cache_that_is_a_file_is_one_line(where, tmp_path):
 
 
 def test_the_twin_dtype_choices_are_the_models_dtypes():
-    from cheapinfer.harness import pytest_options
+    from fixtures import options
 
-    assert pytest_options.TWIN_DTYPES == tuple(models.DTYPES)
+    assert options.TWIN_DTYPES == tuple(models.DTYPES)
 
 
 @pytest.mark.parametrize("purpose", sorted(models.DTYPE_RULES))

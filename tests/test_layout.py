@@ -204,6 +204,53 @@ def test_no_import_cycle():
     assert not cycles, "import cycles (every import counts, also inside functions):\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+#: The most import layers ``harness/`` may have: a module that imports no other of the wing stands on layer 1, any
+#: other one layer above the highest module it imports (every import counts, also inside functions).
+HARNESS_LAYERS = 5
+#: The harness modules that read or render whole records, side by side on the top layers: none imports another.
+HARNESS_PEERS = ("cheapinfer.harness.report", "cheapinfer.harness.compare", "cheapinfer.harness.merge")
+
+
+def _longest_chain(graph: dict[str, set[str]], wing: str = "harness") -> list[str]:
+    """The longest chain of imports among the modules of ``wing``, from the importing module down to one that imports
+    none of the wing (its length is the wing's number of layers); the first in name order among equally long ones."""
+    inside = {m: sorted(t for t in targets if _wing(t) == wing and t != m) for m, targets in graph.items() if _wing(m) == wing}
+    chains: dict[str, list[str]] = {}
+
+    def chain(module: str, seen: tuple[str, ...] = ()) -> list[str]:
+        if module not in chains:
+            below = [chain(t, (*seen, module)) for t in inside.get(module, []) if t not in seen]  # a cycle fails test_no_import_cycle
+            chains[module] = [module, *max(below, key=len, default=[])]
+        return chains[module]
+
+    return max((chain(m) for m in sorted(inside)), key=len, default=[])
+
+
+def test_the_harness_has_at_most_five_import_layers():
+    longest = _longest_chain(_graph())
+    assert len(longest) <= HARNESS_LAYERS, (f"harness/ has {len(longest)} import layers, more than {HARNESS_LAYERS}: "
+                                           + " -> ".join(m.removeprefix("cheapinfer.harness.") for m in longest)
+                                           + " (move what the lower modules import from the higher ones down, e.g. into harness/vocabulary.py)")
+
+
+def test_report_compare_and_merge_do_not_import_each_other():
+    graph = _graph()
+    bad = [f"{a} imports {b}" for a in HARNESS_PEERS for b in HARNESS_PEERS if b in graph[a]]
+    assert not bad, "report, compare and merge stand side by side:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_names_the_longest_chain(tmp_path):
+    pkg = tmp_path / "cheapinfer" / "harness"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    names = ["a", "b", "c", "d", "e", "f"]
+    for name, below in zip(names, names[1:] + [None]):
+        (pkg / f"{name}.py").write_text(f"def g():\n    from . import {below}\n" if below else "from .. import __version__\n")
+    (pkg / "side.py").write_text("from .e import x\nfrom .f import y\n")
+    assert _longest_chain(_graph(tmp_path)) == [f"cheapinfer.harness.{n}" for n in names]
+
+
 def test_the_harness_never_loads_torch():
     """Reading, comparing and reporting records works where torch is not installed: importing every
     harness module loads no torch (a lazy import of a runtime module that needs it would, when called, and

@@ -1,7 +1,7 @@
 """The suite's checks of its own verdicts (cheapinfer.audits.matrix): the claim x kernel-family table, its flips, the
 verdicts that moved under stress, the probe of what a cap made run, and the busy processes beside a run.
 
-Records are made up here with ``report.build`` from measurements judged by the registry; the one real run
+Records are made up here with ``record.build`` from measurements judged by the registry; the one real run
 (a tiny matrix of one clocked claim in two families) is marked slow.
 """
 
@@ -20,7 +20,8 @@ from harness import python_m
 from cheapinfer.audits import families as kernel_families
 from cheapinfer.audits import matrix, stress
 from cheapinfer.audits.launch import Terminated
-from cheapinfer.harness import registry, report, schema
+from cheapinfer.harness import record as records
+from cheapinfer.harness import registry, schema, store
 from cheapinfer.harness.record import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,7 @@ def record(step_ratio: float = 1.05, se: float = 0.01, growth: float = 8.0, load
     rec.verify("KV-DECODE-FLAT", "twin", "cpu", {"step_ratio": step_ratio, "step_ratio_se": se, "rounds": 7, "cache_grows_by_one": True,
                                                  "logit_change_vs_no_context": 1.0, "timed_forwards": 1, "timed_forwards_max": 1}, load=load or {})
     rec.verify("KV-HEAD-TIMING", "twin", "cpu", {"ratio_growth": growth, "ratio_at_4096": 200.0, "cached_score_rows": 1}, load=load or {})
-    return report.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, TESTED)
+    return records.build([r.to_dict() for r in rec.results], dict(env or ENV), {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, TESTED)
 
 
 CLAIMS = ["KV-DECODE-FLAT", "KV-HEAD-TIMING"]
@@ -63,7 +64,7 @@ def test_a_deviating_cell_shows_the_failed_check_and_an_inconclusive_one_its_noi
 
 def test_cells_of_a_missing_record_an_unselected_test_and_an_error_say_so():
     assert matrix.cell(None) == {"verdict": "no record"}
-    unselected = report.build([], dict(ENV), {"device": "cpu"}, TESTED)["claims"]["KV-HEAD-TIMING"]
+    unselected = records.build([], dict(ENV), {"device": "cpu"}, TESTED)["claims"]["KV-HEAD-TIMING"]
     assert matrix.cell(unselected) == {"verdict": "not run", "reason": "its test was not selected in this run"}
     errored = record()
     errored["claims"]["KV-HEAD-TIMING"]["verdict"] = "not run"
@@ -160,8 +161,8 @@ def test_the_stress_summary_names_each_claim_and_both_loads(tmp_path):
 
     def run(cmd, env):
         out = Path(cmd[cmd.index("--report-dir") + 1])
-        stressed["run"]["id"] = env[report.RUN_ID_VARIABLE]
-        report.keep(stressed, out)
+        stressed["run"]["id"] = env[store.RUN_ID_VARIABLE]
+        store.keep(stressed, out)
         return 0, False
 
     s = stress.stress(CLAIMS, 1, tmp_path, lambda d, c: ["pytest", "--report-dir", str(d)], run, record(load=QUIET_LOAD), "quiet.json", echo=lambda _: None)
@@ -256,9 +257,9 @@ def _fake_isa(monkeypatch, runs: dict[str, dict | None]):
         out = Path(cmd[cmd.index("--report-dir") + 1])
         rec = runs[out.name]
         if rec is not None:
-            rec["run"]["id"] = env[report.RUN_ID_VARIABLE]
+            rec["run"]["id"] = env[store.RUN_ID_VARIABLE]
             rec["environment"]["cpu_capability"] = "AVX2" if env.get("ATEN_CPU_CAPABILITY") == "avx2" else "AVX512"
-            report.keep(rec, out)
+            store.keep(rec, out)
         return (0 if rec else 3), False
 
     return run

@@ -1,6 +1,6 @@
 """The memory a run records: the process's peak after each claim, the claim that set the run's peak (no model)."""
 
-from cheapinfer.harness import tables
+from cheapinfer.harness import schema, tables
 from cheapinfer.harness.record import Recorder, run_peak
 from cheapinfer.runtime import memory
 
@@ -143,7 +143,6 @@ def test_verify_warns_in_one_line_before_it_starts_when_memory_is_short(tmp_path
     import json
 
     from cheapinfer import cli
-    from cheapinfer.harness import report
 
     started = []
 
@@ -152,7 +151,7 @@ def test_verify_warns_in_one_line_before_it_starts_when_memory_is_short(tmp_path
         return 4, False
 
     monkeypatch.setattr(cli.verify, "_run_interruptibly", child)
-    (tmp_path / report.RECORD_NAME).write_text(json.dumps(_whole_run(9 * GIB)))
+    (tmp_path / schema.RECORD_NAME).write_text(json.dumps(_whole_run(9 * GIB)))
     monkeypatch.setattr(memory, "available", lambda: 5 * GIB)
     assert cli.main(["verify", "--device", "cpu", "--report-dir", str(tmp_path)]) == 4
     warned = [line for line in started[-1].splitlines() if "warning" in line]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from plugin_runs import errors, record, run
 
-from cheapinfer.harness import registry
+from cheapinfer.harness import registry, vocabulary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,14 +157,14 @@ def test_timed(benchmark):
     said = (f"the benchmark timings could not be written to {slot / 'benchmarks.json'} (Not a directory); nothing was written")
     run_info = record(pytester)["run"]
     assert run_info["warnings"] == [said] and run_info["benchmarks"] is None
-    assert record(pytester)["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.REPRODUCED
+    assert record(pytester)["claims"]["KV-BYTES-FORMULA"]["verdict"] == vocabulary.REPRODUCED
     assert [line for line in errors(result) if "benchmark" in line] == [f"WARNING: {said}"]
 
 
 def test_a_claim_test_interrupted_mid_run_is_recorded_as_interrupted(pytester):
     """Ctrl-C during a claim's test: that claim and the selected ones after it are *interrupted*, never "not selected";
     the finished one keeps its verdict; the record is kept in runs/, and the latest run.json is not replaced."""
-    from cheapinfer.harness import report
+    from cheapinfer.harness import record as records
 
     pytester.makepyfile(test_interrupted='''
 import pytest
@@ -184,9 +184,9 @@ def test_never_started(claim):
     kept = record(pytester, latest=False)
     assert kept["run"]["interrupted"] is True and not (pytester.path / "reports" / "run.json").exists()
     reasons = {cid: [r.get("reason") for r in kept["claims"][cid]["results"]] for cid in ("KV-MHA-7X", "KV-MACS", "KV-IDENTITY")}
-    assert reasons == {"KV-MHA-7X": [report.INTERRUPTED_REASON], "KV-MACS": [report.INTERRUPTED_REASON],
+    assert reasons == {"KV-MHA-7X": [records.INTERRUPTED_REASON], "KV-MACS": [records.INTERRUPTED_REASON],
                        "KV-IDENTITY": ["its test was not selected in this run"]}
-    assert kept["claims"]["KV-BYTES-FORMULA"]["verdict"] == registry.REPRODUCED
+    assert kept["claims"]["KV-BYTES-FORMULA"]["verdict"] == vocabulary.REPRODUCED
     assert "(interrupted)" in result.stdout.str()
 
 

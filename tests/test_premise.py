@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from cheapinfer.harness import registry, verdict
+from cheapinfer.harness import numbers, registry, verdict, vocabulary
 from cheapinfer.runtime import premise
 
 #: The clocked claims the issue names, whose timing a GPU's launch floor would turn into false errata.
@@ -33,7 +33,7 @@ def sleeping_step(host_s: float):
 def passing(check: registry.Check):
     """A value that meets ``check`` (a shape check), for the checks a test does not look at."""
     b = check.bound
-    if check.op in ("==", ">=", "<=") or not registry.is_number(b):
+    if check.op in ("==", ">=", "<=") or not numbers.is_number(b):
         return b
     return b + 1 if check.op == ">" else b - 1
 
@@ -63,12 +63,12 @@ def test_a_host_bound_step_is_inconclusive_not_deviates(claim_id):
     host = premise.device_bound({"decode": sleeping_step(0.02)}, "cuda:0", rounds=3, timer=gpu_timer(0.002))
     assert host.holds is False and "host-bound" in host.why and host.measured()["host_share"] > premise.HOST_SHARE
     j = judged(claim_id, AT_THE_FLOOR[claim_id], host)
-    assert j.verdict == registry.INCONCLUSIVE, j.messages()
+    assert j.verdict == vocabulary.INCONCLUSIVE, j.messages()
     assert any("device_bound" in m and "host-bound" in m for m in j.inconclusive_messages())
     # the same numbers from a device-bound step: the premise holds and the floor's values are judged, red
     device = premise.device_bound({"decode": sleeping_step(0.0005)}, "cuda:0", rounds=3, timer=gpu_timer(0.02))
     assert device.holds is True, device.why
-    assert judged(claim_id, AT_THE_FLOOR[claim_id], device).verdict == registry.DEVIATES
+    assert judged(claim_id, AT_THE_FLOOR[claim_id], device).verdict == vocabulary.DEVIATES
 
 
 def test_on_a_cpu_the_premise_holds_by_construction_and_runs_nothing():
@@ -81,7 +81,7 @@ def test_on_a_cpu_the_premise_holds_by_construction_and_runs_nothing():
 def test_a_cuda_claim_without_a_probed_step_fails_its_premise_check():
     found = premise.device_bound({}, "cuda:0")
     assert found.holds is None
-    assert judged("KV-DECODE-MEMBOUND", {"bandwidth_fraction": 0.9}, found).verdict == registry.DEVIATES
+    assert judged("KV-DECODE-MEMBOUND", {"bandwidth_fraction": 0.9}, found).verdict == vocabulary.DEVIATES
 
 
 def test_two_timed_blocks_hold_only_where_both_hold():
@@ -152,8 +152,8 @@ def test_through_the_plugin_a_host_bound_step_is_inconclusive_and_a_cpu_judges(p
     measured = result["measured"]
     if fake_gpu:
         assert ran.ret == 0 and "1 xfailed" in ran.stdout.str(), ran.stdout.str()[-2000:] + ran.stderr.str()[-2000:]
-        assert result["verdict"] == registry.INCONCLUSIVE and measured["device_bound"] is False
+        assert result["verdict"] == vocabulary.INCONCLUSIVE and measured["device_bound"] is False
         assert "host-bound on cuda:0" in measured["device_bound_why"] and measured["host_share"] > premise.HOST_SHARE
     else:
-        assert ran.ret == 1 and result["verdict"] == registry.DEVIATES, ran.stdout.str()[-2000:]
+        assert ran.ret == 1 and result["verdict"] == vocabulary.DEVIATES, ran.stdout.str()[-2000:]
         assert measured["device_bound"] is True and measured["device_bound_why"] == premise.CPU_WHY

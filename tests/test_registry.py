@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cheapinfer.harness import record, registry
+from cheapinfer.harness import numbers, record, registry, vocabulary
 from cheapinfer.harness import verdict as verdicts
-from cheapinfer.harness.registry import DEVIATES, REPRODUCED, SHAPE_HOLDS, RegistryError
+from cheapinfer.harness.registry import RegistryError
+from cheapinfer.harness.vocabulary import DEVIATES, REPRODUCED, SHAPE_HOLDS
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOG = ROOT.parent / "shared" / "CLAIMS.md"
@@ -67,7 +68,7 @@ def test_claim_turns_red_when_its_book_value_moves_beyond_tolerance(claim):
     # the book's own values first: where a shape check names the same quantity, the book must satisfy it too
     measured = {c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "digits"}
     measured.update({c.q: _passing_value(c, claim.book) for c in claim.checks if c.kind == "shape" and c.q not in measured})
-    for c in claim.checks:  # a seeded check's distribution (registry.DRAWS_RULE): every draw at the median
+    for c in claim.checks:  # a seeded check's distribution (registry_fields.DRAWS_RULE): every draw at the median
         if c.draws:
             measured.update({f"{c.q}_p05": measured[c.q], f"{c.q}_p95": measured[c.q], f"{c.q}_draws": c.draws, f"{c.q}_share_holding": 1.0})
     for profile in claim.runs_on:
@@ -215,7 +216,7 @@ def test_a_perturbed_judgement_carries_its_perturbed_claim_judged_once(monkeypat
     assert calls == ["KV-BYTES-FORMULA"] and result.perturbed and judged.verdict == DEVIATES
     moved = judged.claim.book["bytes_per_token"]
     assert moved != 12_288 and judged.measured == {"bytes_per_token": 12_288}
-    assert registry.fmt(moved) in judged.messages()[0]
+    assert numbers.fmt(moved) in judged.messages()[0]
 
 
 _ERRATUM = (
@@ -231,7 +232,7 @@ _ERRATUM = (
 
 def test_a_confirmed_erratum_is_green_while_its_digits_fail_as_documented():
     claim = registry.parse(_ERRATUM)["E"]
-    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin").verdict == registry.ERRATUM
+    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin").verdict == vocabulary.ERRATUM
 
 
 def test_a_confirmed_erratum_turns_red_when_its_digits_reproduce():
@@ -257,7 +258,7 @@ _TWO_ERRATA = _ERRATUM.replace("[E.erratum]", "[[E.erratum]]") + (
 def test_several_errata_of_one_claim_each_document_their_own_checks():
     claim = registry.parse(_TWO_ERRATA)["E"]
     assert [e.grade for e in claim.errata] == ["erratum", "translation"] and claim.erratum is claim.errata[0]
-    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.5, "r": 2.0}, "twin").verdict == registry.ERRATUM
+    assert verdicts.judge(claim, {"speedup": 2.8, "other": 2.5, "r": 2.0}, "twin").verdict == vocabulary.ERRATUM
     # the second erratum's digits reproduce: stale, red, while the first still holds
     judged = verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin")
     assert judged.verdict == DEVIATES and [o.check.q for o in judged.stale] == ["other"]
@@ -294,14 +295,14 @@ def test_malformed_errata_and_sources_are_rejected(change, problem):
 _API_ERRATUM = _ERRATUM + 'applies = { transformers = ">=5" }\n'
 
 
-@pytest.mark.parametrize(("transformers", "expected"), [("5.24.0", registry.ERRATUM), ("4.57.6", DEVIATES)])
+@pytest.mark.parametrize(("transformers", "expected"), [("5.24.0", vocabulary.ERRATUM), ("4.57.6", DEVIATES)])
 def test_an_erratum_about_an_api_holds_only_on_the_releases_it_names(transformers, expected):
     """KV-API's kind: the book's spelling is deprecated from transformers 5 on; on 4.x the digits are asserted as printed."""
     claim = registry.parse(_API_ERRATUM)["E"]
     judged = verdicts.judge(claim, {"speedup": 2.8, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
     assert judged.verdict == expected
     printed = verdicts.judge(claim, {"speedup": 1.6, "other": 2.0, "r": 2.0}, "twin", versions={"transformers": transformers})
-    assert printed.verdict == (DEVIATES if expected == registry.ERRATUM else registry.REPRODUCED)
+    assert printed.verdict == (DEVIATES if expected == vocabulary.ERRATUM else vocabulary.REPRODUCED)
 
 
 @pytest.mark.parametrize("grade, message", [(None, "erratum needs 'grade'"), ("typo", "grade 'typo' is none of")])
@@ -330,19 +331,19 @@ _NOISY = (
 
 @pytest.mark.parametrize(("speedup", "se", "expected"), [
     (3.5, 0.4, SHAPE_HOLDS),                     # 1.5 above the bound: 3.75 standard errors
-    (2.5, 0.4, registry.INCONCLUSIVE),           # 0.5 above: 1.25 standard errors, passes but cannot decide
-    (1.5, 0.4, registry.INCONCLUSIVE),           # 0.5 below: fails but cannot decide
+    (2.5, 0.4, vocabulary.INCONCLUSIVE),           # 0.5 above: 1.25 standard errors, passes but cannot decide
+    (1.5, 0.4, vocabulary.INCONCLUSIVE),           # 0.5 below: fails but cannot decide
     (0.5, 0.4, DEVIATES),                        # 1.5 below: 3.75 standard errors
     (2.5, None, SHAPE_HOLDS),                    # no standard error handed: decides as an ordinary check
     (1.5, None, DEVIATES),
-    (2.5, float("inf"), registry.INCONCLUSIVE),  # a noise that could not be estimated decides nothing
+    (2.5, float("inf"), vocabulary.INCONCLUSIVE),  # a noise that could not be estimated decides nothing
 ])
 def test_a_noisy_check_decides_only_beyond_three_standard_errors(speedup, se, expected):
     claim = registry.parse(_NOISY)["N"]
     measured = {"speedup": speedup, "found": True, "rows": 1, **({"speedup_se": se} if se is not None else {})}
     judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == expected
-    if expected == registry.INCONCLUSIVE:
+    if expected == vocabulary.INCONCLUSIVE:
         message = judged.inconclusive_messages()[0]
         assert "standard errors" in message and "quieter machine" in message
 
@@ -369,13 +370,13 @@ def test_a_limit_without_noise_is_rejected():
         registry.parse(_NOISY.replace('why = "w"},', 'why = "w"}, {q = "gain", kind = "shape", op = "<=", bound = 2.0, limit = true, why = "w"},', 1))
 
 
-@pytest.mark.parametrize(("found", "expected"), [(True, SHAPE_HOLDS), (False, registry.INCONCLUSIVE), (None, DEVIATES)])
+@pytest.mark.parametrize(("found", "expected"), [(True, SHAPE_HOLDS), (False, vocabulary.INCONCLUSIVE), (None, DEVIATES)])
 def test_a_searched_existence_not_found_is_inconclusive_and_a_missing_one_fails(found, expected):
     claim = registry.parse(_NOISY)["N"]
     measured = {"speedup": 4.0, "speedup_se": 0.1, "found": found, "rows": 1, "searched_up_to": 512}
     judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == expected
-    if expected == registry.INCONCLUSIVE:
+    if expected == vocabulary.INCONCLUSIVE:
         assert "searched_up_to = 512" in judged.inconclusive_messages()[0]
 
 
@@ -402,7 +403,7 @@ _FOUND = (
 @pytest.mark.parametrize(("measured", "expected"), [
     ({"found": True, "gain": 1.9, "gain_se": 0.05}, SHAPE_HOLDS),
     ({"found": True, "gain": 1.2, "gain_se": 0.05}, DEVIATES),  # found, and what was found fails beyond its noise
-    ({"found": False, "gain": float("nan"), "gain_se": float("inf")}, registry.INCONCLUSIVE),  # nothing found: nothing to judge
+    ({"found": False, "gain": float("nan"), "gain_se": float("inf")}, vocabulary.INCONCLUSIVE),  # nothing found: nothing to judge
 ])
 def test_a_check_on_what_was_searched_for_is_judged_only_where_it_was_found(measured, expected):
     claim = registry.parse(_FOUND)["F"]
@@ -438,7 +439,7 @@ _PREMISE = (
 
 @pytest.mark.parametrize(("pairs", "premise", "verdict"), [
     (0, True, SHAPE_HOLDS),
-    (0, False, registry.INCONCLUSIVE),  # the device cannot measure the premise: decides nothing
+    (0, False, vocabulary.INCONCLUSIVE),  # the device cannot measure the premise: decides nothing
     (2, False, DEVIATES),               # a pair the probe does not explain fails whatever else this device cannot measure
     (0, None, DEVIATES),                # a probe that reported nothing is a broken measurement
 ])
@@ -447,7 +448,7 @@ def test_a_premise_this_device_cannot_measure_is_inconclusive_with_its_reason(pa
     measured = {"pairs": pairs, **({"premise": premise} if premise is not None else {}), "premise_why": "the kernel is faster at 2 rows than at 1"}
     judged = verdicts.judge(claim, measured, "twin")
     assert judged.verdict == verdict
-    if verdict == registry.INCONCLUSIVE:
+    if verdict == vocabulary.INCONCLUSIVE:
         assert "cannot measure it: the kernel is faster at 2 rows than at 1" in judged.inconclusive_messages()[0]
     perturbed = verdicts.perturb(claim, measured)  # --perturb proves the comparator: never inconclusive there
     if premise is not None:
@@ -465,7 +466,7 @@ _GATED = (
 @pytest.mark.parametrize(("premise", "speedup", "over", "verdict"), [
     (True, 1.9, 0.4, SHAPE_HOLDS),
     (True, 0.9, 0.4, DEVIATES),                 # the premise held, and the claim fails on it
-    (False, 0.9, 0.4, registry.INCONCLUSIVE),   # the premise does not hold here: the speedup is reported, not asserted
+    (False, 0.9, 0.4, vocabulary.INCONCLUSIVE),   # the premise does not hold here: the speedup is reported, not asserted
     (False, 0.9, 4071.0, DEVIATES),             # a check the premise does not gate still fails
 ])
 def test_a_check_gated_by_a_premise_is_asserted_only_where_the_premise_holds(premise, speedup, over, verdict):

@@ -18,14 +18,16 @@ import difflib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from cheapinfer.faults.records import RECORD_FAULTS, REPORT
-from cheapinfer.harness import errata, registry, report, schema
+from cheapinfer.harness import author, errata, registry, report, schema, vocabulary
+from cheapinfer.harness import record as records
 from cheapinfer.harness.record import Recorder
-from cheapinfer.harness.registry import DEVIATES, VERDICTS
+from cheapinfer.harness.vocabulary import DEVIATES, VERDICTS
 from cheapinfer.runtime import device as devices
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -70,8 +72,8 @@ def test_a_claim_with_two_errata_and_an_inconclusive_claim_read_right(fixed_reco
     """Both errata of Q-DOWNPROJ-STATS, each with its grade and evidence; BAT-KNEE's search and KV-DECODE-FLAT's margin
     as undecided, with their numbers, never as failures."""
     claims = fixed_record["claims"]
-    two = [cid for cid, c in claims.items() if len(c.get("errata", [])) >= 2 and c["verdict"] == registry.ERRATUM]
-    undecided = [cid for cid, c in claims.items() if c["verdict"] == registry.INCONCLUSIVE]
+    two = [cid for cid, c in claims.items() if len(c.get("errata", [])) >= 2 and c["verdict"] == vocabulary.ERRATUM]
+    undecided = [cid for cid, c in claims.items() if c["verdict"] == vocabulary.INCONCLUSIVE]
     assert two == ["Q-DOWNPROJ-STATS"] and sorted(undecided) == ["BAT-KNEE", "KV-DECODE-FLAT"]
     evidence, md = report.evidence_markdown(fixed_record), report.markdown(fixed_record)
     for e in claims["Q-DOWNPROJ-STATS"]["errata"]:
@@ -94,10 +96,10 @@ def test_markdown_is_a_pure_function_of_the_record(fixed_record, monkeypatch):
     def forbidden(*_a, **_k):
         raise AssertionError("markdown() consulted something outside the record")
 
-    monkeypatch.setattr(report.registry, "load", forbidden)
-    monkeypatch.setattr(report.time, "strftime", forbidden)
+    monkeypatch.setattr(registry, "load", forbidden)
+    monkeypatch.setattr(time, "strftime", forbidden)
     monkeypatch.setattr(devices, "environment", forbidden)
-    monkeypatch.setattr(report.author, "text_record", forbidden)
+    monkeypatch.setattr(author, "text_record", forbidden)
     assert report.markdown(fixed_record) == first
 
 
@@ -142,7 +144,7 @@ def _built(tmp_path: Path | None = None) -> dict:
     rec.verify("KV-BYTES-FORMULA", "arithmetic", "cpu", {"bytes_per_token": 12_288})
     rec.not_run("KV-IDENTITY", "book", "cpu", "book weights not found")
     env = {k: f"{k}-value" for k in ENV_KEYS}
-    return report.build([r.to_dict() for r in rec.results], env, {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-BYTES-FORMULA": ["t.py"], "KV-IDENTITY": ["t.py"]})
+    return records.build([r.to_dict() for r in rec.results], env, {"device": "cpu", "created": "2026-01-01T00:00:00Z"}, {"KV-BYTES-FORMULA": ["t.py"], "KV-IDENTITY": ["t.py"]})
 
 
 def test_build_keeps_the_record_keys_the_ci_reads():
@@ -209,7 +211,7 @@ def test_markdown_renders_records_without_the_newer_keys(fixed_record):
 
 def test_every_graded_entry_of_the_report_has_its_places_quotes_and_replacements(fixed_record):
     """errata.md and errata.json list no entry without a line in each translation, the printed words and a replacement."""
-    entries = report.author.json_entries(fixed_record)
+    entries = author.json_entries(fixed_record)
     assert entries and len(entries) == len(fixed_record["text"]["entries"])
     for e in entries:
         assert e["grade"] and e["evidence"]["finding"], e["id"]

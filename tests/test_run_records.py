@@ -20,7 +20,7 @@ from harness import python_m
 from plugin_runs import errors
 from plugin_runs import run as plugin_run
 
-from cheapinfer.harness import report, schema, tables
+from cheapinfer.harness import author, report, schema, store, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_CLAIM = ["claims/test_kv_cache.py::test_kv_cache_is_12288_bytes_per_token"]
@@ -84,7 +84,7 @@ def test_a_report_dir_without_write_permission_is_refused(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     with pytest.raises(ValueError, match="cannot write in the directory"):
-        report.writable_dir(locked)
+        store.writable_dir(locked)
 
 
 def test_two_concurrent_runs_into_one_directory_keep_both_records(tmp_path):
@@ -93,12 +93,12 @@ def test_two_concurrent_runs_into_one_directory_keep_both_records(tmp_path):
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    kept = sorted((out / report.RUNS_DIR).glob("*.json"))
+    kept = sorted((out / store.RUNS_DIR).glob("*.json"))
     records = [json.loads(k.read_text()) for k in kept]
     assert len(kept) == 2 and [k.stem.rsplit("-", 1)[1] for k in kept] == [r["run"]["id"] for r in records]
     assert records[0]["run"]["id"] != records[1]["run"]["id"]
     assert all(r["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced" for r in records)
-    assert json.loads((out / report.RECORD_NAME).read_text()) in records  # the latest is one of them, whole
+    assert json.loads((out / schema.RECORD_NAME).read_text()) in records  # the latest is one of them, whole
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -109,7 +109,7 @@ def test_pytest_runs_from_another_directory(tmp_path):
     elsewhere.mkdir()
     run = _pytest(str(ROOT), "-k", "test_kv_cache_is_12288_bytes_per_token", "--report-dir=out", cwd=elsewhere)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    record = json.loads((elsewhere / "out" / report.RECORD_NAME).read_text())
+    record = json.loads((elsewhere / "out" / schema.RECORD_NAME).read_text())
     assert record["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
     assert record["run"]["benchmarks"] is None  # nothing timed: no timings, and none of another run named
     assert not (elsewhere / "reports").exists()
@@ -117,11 +117,11 @@ def test_pytest_runs_from_another_directory(tmp_path):
 
 def test_write_replaces_the_latest_and_keep_never_overwrites(tmp_path):
     record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
-    first, second = report.keep(record, tmp_path), report.keep(record, tmp_path)  # same process, same second
+    first, second = store.keep(record, tmp_path), store.keep(record, tmp_path)  # same process, same second
     assert first != second and first.read_text() == second.read_text()
     rec, _ = report.write(record, tmp_path)
     assert schema.read_record(rec) == record
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.RECORD_NAME, report.ERRATA_NAME, report.author.EVIDENCE_NAME, report.author.JSON_NAME, report.RUNS_DIR])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([schema.RECORD_NAME, store.ERRATA_NAME, author.EVIDENCE_NAME, author.JSON_NAME, store.RUNS_DIR])
 
 
 def _verify(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -129,7 +129,7 @@ def _verify(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_verify_prints_no_stale_summary_after_a_usage_error(tmp_path):
-    shutil.copy(ROOT / "tests" / "data" / "run-record.json", tmp_path / report.RECORD_NAME)  # an older run's record
+    shutil.copy(ROOT / "tests" / "data" / "run-record.json", tmp_path / schema.RECORD_NAME)  # an older run's record
     run = _verify("--report-dir", str(tmp_path), "--perturb", "KV-NOPE")
     assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
     assert "**all**" not in run.stdout and "Errata report" not in run.stdout
@@ -137,10 +137,10 @@ def test_verify_prints_no_stale_summary_after_a_usage_error(tmp_path):
 
 def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path):
     (tmp_path / "out").mkdir()
-    shutil.copy(ROOT / "tests" / "data" / "run-record.json", tmp_path / "out" / report.RECORD_NAME)  # an older run's
+    shutil.copy(ROOT / "tests" / "data" / "run-record.json", tmp_path / "out" / schema.RECORD_NAME)  # an older run's
     run = _verify("--report-dir", "out", "-k", "test_kv_cache_is_12288_bytes_per_token", cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    kept = list((tmp_path / "out" / report.RUNS_DIR).glob("*.json"))
+    kept = list((tmp_path / "out" / store.RUNS_DIR).glob("*.json"))
     assert len(kept) == 1 and f"Run record: {kept[0]}" in run.stdout
     summary = tables.summary_table(schema.read_record(kept[0]))
     assert "\n".join(summary) in run.stdout
@@ -156,7 +156,7 @@ def _seeded(out: Path) -> dict[str, bytes]:
     out.mkdir(parents=True, exist_ok=True)
     record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
     report.write(record, out)
-    names = (report.RECORD_NAME, report.ERRATA_NAME, report.author.EVIDENCE_NAME, report.author.JSON_NAME)
+    names = (schema.RECORD_NAME, store.ERRATA_NAME, author.EVIDENCE_NAME, author.JSON_NAME)
     return {name: (out / name).read_bytes() for name in names}
 
 
@@ -170,7 +170,7 @@ def test_a_usage_error_in_the_marker_expression_replaces_no_record(pytester):
     before = _seeded(out)
     line = _plugin_usage_error(pytester, "-m", "nto slow")
     assert line == "ERROR: Wrong expression passed to '-m': nto slow: at column 5: expected end of input; got identifier"
-    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+    assert _unchanged(out, before) and not (out / store.RUNS_DIR).exists()
 
 
 def test_a_collection_error_replaces_no_record(pytester):
@@ -179,7 +179,7 @@ def test_a_collection_error_replaces_no_record(pytester):
     pytester.makepyfile(test_broken="def test_broken(:\n", test_claim=CLAIM_TEST)
     result = plugin_run(pytester, "-q")
     assert result.ret == 2 and "1 error during collection" in result.stdout.str(), result.stdout.str()[-2000:]
-    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+    assert _unchanged(out, before) and not (out / store.RUNS_DIR).exists()
 
 
 def test_a_selection_of_no_test_replaces_no_record(tmp_path):
@@ -191,7 +191,7 @@ def test_a_selection_of_no_test_replaces_no_record(tmp_path):
                                     "the latest run.json and errata.md were not replaced")
     assert "**all**" not in run.stdout and "Run record" not in run.stdout
     assert "no record written (the latest run.json and errata.md were not replaced)" in run.stdout  # pytest's own line
-    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+    assert _unchanged(out, before) and not (out / store.RUNS_DIR).exists()
 
 
 def test_a_run_of_the_suites_own_tests_replaces_no_record(tmp_path):
@@ -202,7 +202,7 @@ def test_a_run_of_the_suites_own_tests_replaces_no_record(tmp_path):
     run = _pytest("tests/test_rounding.py", f"--report-dir={out}", "-q", "-p", "no:cacheprovider")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "no claim test was selected: no record written (the latest run.json and errata.md were not replaced)" in run.stdout.splitlines()
-    assert _unchanged(out, before) and not (out / report.RUNS_DIR).exists()
+    assert _unchanged(out, before) and not (out / store.RUNS_DIR).exists()
 
 
 @pytest.mark.parametrize("where", ["below-a-file", "a-directory"])
@@ -213,7 +213,7 @@ def test_an_unwritable_benchmark_json_is_a_usage_error_before_any_test(where, py
     line = _plugin_usage_error(pytester, f"--benchmark-json={path}")
     message = f"its directory {pytester.path / 'file'}: it is a file, not a directory" if where == "below-a-file" else "it is a directory, not a file"
     assert line == f"ERROR: --benchmark-json {path}: {message}"
-    assert not (pytester.path / "reports" / report.RECORD_NAME).exists()
+    assert not (pytester.path / "reports" / schema.RECORD_NAME).exists()
 
 
 def _enospc(*args, **kwargs):
@@ -222,14 +222,14 @@ def _enospc(*args, **kwargs):
 
 def test_a_full_disk_leaves_the_previous_record_and_no_temporary_file(tmp_path, monkeypatch):
     before = _seeded(tmp_path)
-    monkeypatch.setattr(report, "_write_all", _enospc)
+    monkeypatch.setattr(store, "_write_all", _enospc)
     record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
     record["created"] = "2030-01-01T00:00:00Z"
     with pytest.raises(OSError) as err:
         report.write(record, tmp_path)
     assert err.value.errno == errno.ENOSPC
     with pytest.raises(OSError):
-        report.keep(record, tmp_path)
+        store.keep(record, tmp_path)
     assert _unchanged(tmp_path, before)
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(before)  # no .tmp left anywhere
 
@@ -239,8 +239,8 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
     out = tmp_path / "reports"
     before = _seeded(out)
     (tmp_path / "enospc.py").write_text(
-        "import errno, os\nfrom cheapinfer.harness import report\n\n\ndef pytest_configure(config):\n"
-        "    def full(fd, data):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    report._write_all = full\n"
+        "import errno, os\nfrom cheapinfer.harness import store\n\n\ndef pytest_configure(config):\n"
+        "    def full(fd, data):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    store._write_all = full\n"
     )
     aside = tmp_path / "aside"  # the same full disk: the record is printed, not lost
     aside.mkdir()
@@ -260,8 +260,8 @@ def test_a_run_whose_report_dir_is_full_keeps_its_record_aside(tmp_path):
     before = _seeded(out)
     aside.mkdir()
     (tmp_path / "fullhere.py").write_text(
-        "import errno, os\nfrom cheapinfer.harness import report\n\n\ndef pytest_configure(config):\n"
-        "    def full(*args, **kwargs):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    report.keep = report.write = full\n"
+        "import errno, os\nfrom cheapinfer.harness import report, store\n\n\ndef pytest_configure(config):\n"
+        "    def full(*args, **kwargs):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    store.keep = report.write = full\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(aside)}
     run = python_m("pytest", "-p", "no:cacheprovider", "-q", "-p", "fullhere", *ONE_CLAIM, f"--report-dir={out}", cwd=ROOT, timeout=300, env=env)
@@ -278,7 +278,7 @@ def test_report_files_get_the_mode_the_umask_gives(umask, tmp_path):
     old = os.umask(umask)
     try:
         record = schema.read_record(ROOT / "tests" / "data" / "run-record.json")
-        kept = report.keep(record, tmp_path)
+        kept = store.keep(record, tmp_path)
         rec, md = report.write(record, tmp_path)
     finally:
         os.umask(old)
@@ -293,12 +293,12 @@ def test_each_run_keeps_its_own_timings(tmp_path):
     for _ in range(2):
         run = _pytest(*ONE_TIMED_CLAIM, f"--report-dir={out}")
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        ids.append(json.loads((out / report.RECORD_NAME).read_text())["run"]["id"])
+        ids.append(json.loads((out / schema.RECORD_NAME).read_text())["run"]["id"])
     latest = json.loads((out / "benchmarks.json").read_text())
     for run_id in ids:
-        [kept] = (out / report.RUNS_DIR).glob(f"*-{run_id}.json")
+        [kept] = (out / store.RUNS_DIR).glob(f"*-{run_id}.json")
         record = json.loads(kept.read_text())
-        assert record["run"]["benchmarks"] == f"{report.RUNS_DIR}/{kept.stem}{report.BENCHMARKS_SUFFIX}"
+        assert record["run"]["benchmarks"] == f"{store.RUNS_DIR}/{kept.stem}{store.BENCHMARKS_SUFFIX}"
         timings = json.loads((out / record["run"]["benchmarks"]).read_text())
         assert timings["benchmarks"][0]["name"] == "test_head_recompute_over_cached_grows_with_n"
         assert (timings == latest) == (run_id == ids[-1])  # the latest file is the last run's; the first kept its own
@@ -310,10 +310,10 @@ def test_each_run_keeps_its_own_timings(tmp_path):
 
 
 def test_the_run_id_verify_passes_names_the_record(tmp_path):
-    env = {**os.environ, report.RUN_ID_VARIABLE: "feedc0ffee42"}
+    env = {**os.environ, store.RUN_ID_VARIABLE: "feedc0ffee42"}
     run = python_m("pytest", "-p", "no:cacheprovider", "-q", *ONE_CLAIM, f"--report-dir={tmp_path}", cwd=ROOT, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    [kept] = (tmp_path / report.RUNS_DIR).glob("*.json")
+    [kept] = (tmp_path / store.RUNS_DIR).glob("*.json")
     assert kept.name.endswith("-feedc0ffee42.json") and schema.read_record(kept)["run"]["id"] == "feedc0ffee42"
 
 
@@ -322,13 +322,13 @@ def test_verify_gives_each_run_a_new_id_and_finds_no_summary_without_its_record(
     from cheapinfer import cli
 
     seen = []
-    runs = tmp_path / report.RUNS_DIR
+    runs = tmp_path / store.RUNS_DIR
     runs.mkdir()
     for pid in range(1, 50):  # records an older run left, named the old way, by a pid the child may have now
         shutil.copy(ROOT / "tests" / "data" / "run-record.json", runs / f"20250101T000000Z-{pid}.json")
 
     def child(cmd, env):
-        seen.append(env[report.RUN_ID_VARIABLE])
+        seen.append(env[store.RUN_ID_VARIABLE])
         return 4, False
 
     monkeypatch.setattr(cli.verify, "_run_interruptibly", child)
@@ -343,7 +343,7 @@ def test_verify_in_a_fresh_pid_namespace_prints_no_older_runs_summary(tmp_path):
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=60)
     if probe.returncode != 0:
         pytest.skip(f"unshare --pid is not allowed here: {probe.stderr.decode(errors='replace').strip()}")
-    runs = tmp_path / report.RUNS_DIR
+    runs = tmp_path / store.RUNS_DIR
     runs.mkdir()
     for pid in range(1, 50):
         shutil.copy(ROOT / "tests" / "data" / "run-record.json", runs / f"20250101T000000Z-{pid}.json")
@@ -406,7 +406,7 @@ def test_ctrl_c_during_verify_keeps_what_was_measured_and_replaces_nothing(tmp_p
     stdout, stderr = (seen + rest).decode(), err.decode()
     assert proc.returncode == 130, stdout[-3000:] + stderr[-3000:]
     assert "Traceback" not in stdout + stderr, stderr[-3000:]
-    [kept] = [k for k in (out / report.RUNS_DIR).glob("*.json") if not k.name.endswith(report.BENCHMARKS_SUFFIX)]
+    [kept] = [k for k in (out / store.RUNS_DIR).glob("*.json") if not k.name.endswith(store.BENCHMARKS_SUFFIX)]
     # verify says it in one line, its last; what else reached stderr (a library's warning printed after the
     # child's capture ended) is not verify's, and is shown if this fails.
     lines = [line for line in stderr.splitlines() if line.strip()]

@@ -13,7 +13,7 @@ import pytest
 
 from cheapinfer.audits import faults
 from cheapinfer.cli import records
-from cheapinfer.harness import record, registry, report, schema
+from cheapinfer.harness import record, report, schema, vocabulary
 
 RECORD = Path(__file__).resolve().parent / "data" / "run-record.json"
 
@@ -47,13 +47,13 @@ def _built_record() -> dict:
                notes=["n"], test="claims/test_kv_cache.py::t", seconds=0.1, load={"loadavg_before": [0.1, 0.1, 0.1], "cpus": 2})
     rec.verify("KV-HEAD-TIMING", "twin", "cpu", {"ratio_growth": 2.0, "ratio_growth_se": 0.01, "recompute_over_cached_4096": 50.0, "rounds": 5})
     rec.not_run("KV-IDENTITY", "twin", "cpu", "skipped: no reason", test="claims/test_kv_cache.py::x")
-    rec.not_run("KV-API", "twin", "cpu", f"{record.ERROR_REASON}: ImportError", test="claims/test_kv_cache.py::y", harness_error=True)
+    rec.not_run("KV-API", "twin", "cpu", f"{vocabulary.ERROR_REASON}: ImportError", test="claims/test_kv_cache.py::y", harness_error=True)
     results = [r.to_dict() for r in rec.results]
-    fault = {"schema": schema.FAULT_SCHEMA, "suite": "cheapinfer 0", "created": "2026-01-01T00:00:00Z", "runs": 1, "mode": record.SWEEP,
+    fault = {"schema": schema.FAULT_SCHEMA, "suite": "cheapinfer 0", "created": "2026-01-01T00:00:00Z", "runs": 1, "mode": vocabulary.SWEEP,
              "seconds": 1.0, "uncovered": [], "faults": {"f": {"section": "KV", "kind": "k", "what": "w", "targets": ["KV-IDENTITY"], "clocked": False,
-                                                              "runs": [{"KV-IDENTITY": record.RED}], "caught": 1, "seconds": 1.0}}}
+                                                              "runs": [{"KV-IDENTITY": vocabulary.RED}], "caught": 1, "seconds": 1.0}}}
     tested = {"KV-BYTES-FORMULA": ["t"], "KV-HEAD-TIMING": ["t"], "KV-IDENTITY": ["t"], "KV-API": ["t"], "KV-MACS": ["t"]}
-    return report.build(results, {"cpu": "x", "torch": "2"}, {"id": "abc", "command": "pytest"}, tested, faults={"KV-IDENTITY": ["f"]}, fault_run=fault)
+    return record.build(results, {"cpu": "x", "torch": "2"}, {"id": "abc", "command": "pytest"}, tested, faults={"KV-IDENTITY": ["f"]}, fault_run=fault)
 
 
 def test_what_the_report_writes_is_what_the_schema_declares():
@@ -68,7 +68,7 @@ def test_the_pinned_record_and_the_runners_fault_record_conform(monkeypatch, tmp
     schema.check_record(pinned)
     assert _undeclared(pinned, schema.RunRecord, "record") == []
     some = next(iter(faults.catalogue()))
-    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: faults.FaultRun({cid: record.RED for cid in claims}, {}))
+    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False: faults.FaultRun({cid: vocabulary.RED for cid in claims}, {}))
     written = json.loads(json.dumps(faults.run([some], 1, tmp_path, echo=lambda line: None)))
     assert schema.check_fault_record(written) is written and written["schema"] == schema.FAULT_SCHEMA
     assert _undeclared(written, schema.FaultRecord, "faults") == []
@@ -113,12 +113,12 @@ def test_a_fault_record_is_read_only_when_it_is_one(tmp_path):
 
 
 def test_the_record_schema_names_every_verdict_the_registry_knows_only_at_read_time(monkeypatch):
-    """The verdicts are the registry's (read when a record is checked), not a copy in the types."""
+    """The verdicts are the vocabulary's (read when a record is checked), not a copy in the types."""
     rec = json.loads(RECORD.read_text(encoding="utf-8"))
     rec["claims"]["KV-IDENTITY"]["verdict"] = "new verdict"
     with pytest.raises(schema.RecordError, match="not 'new verdict'"):
         schema.check_record(rec)
-    monkeypatch.setattr(registry, "VERDICTS", (*registry.VERDICTS, "new verdict"))
+    monkeypatch.setattr(vocabulary, "VERDICTS", (*vocabulary.VERDICTS, "new verdict"))
     schema.check_record(rec)
 
 
@@ -140,7 +140,7 @@ def test_a_schema_1_record_is_read_in_this_versions_shape():
     assert read["claims"]["SPEC-GAMMA8"]["errata"] == [raw["claims"]["SPEC-GAMMA8"]["erratum"]]
     assert read["claims"]["Q-DOWNPROJ-STATS"]["errata"] == raw["claims"]["Q-DOWNPROJ-STATS"]["errata"]
     book = [r for r in read["claims"]["KV-IDENTITY"]["results"] if r["profile"] == "book"]
-    assert [r.get("harness_error") for r in book] == [True] and record.is_harness_error(book[0])
+    assert [r.get("harness_error") for r in book] == [True] and vocabulary.is_harness_error(book[0])
 
 
 def test_an_erratum_of_schema_1_that_is_no_object_is_one_line():
@@ -157,7 +157,7 @@ def test_compare_and_merge_read_a_schema_1_record_beside_this_versions(tmp_path,
     now["schema"] = schema.RUN_SCHEMA
     for r in now["claims"]["KV-IDENTITY"]["results"]:
         if r["profile"] == "book":
-            r.update(verdict=registry.REPRODUCED, reason="", harness_error=False, checks=[])
+            r.update(verdict=vocabulary.REPRODUCED, reason="", harness_error=False, checks=[])
     (tmp_path / "now.json").write_text(json.dumps(now), encoding="utf-8")
     assert records.compare_cli([str(tmp_path / "now.json"), str(SCHEMA_1)]) == 1
     out = capsys.readouterr().out

@@ -6,7 +6,7 @@ import pytest
 
 from cheapinfer.chapter import paged_scheduler, workload
 from cheapinfer.faults.core import activate
-from cheapinfer.harness import registry, verdict
+from cheapinfer.harness import registry, registry_fields, verdict, vocabulary
 
 CLAIM = registry.parse('''[X-1]
 section = "BAT"
@@ -25,28 +25,28 @@ def test_the_rule_judges_the_median_and_reports_the_band_and_the_share_holding()
     values = [1.005 + i / 100 for i in range(101)]  # 1.005 .. 2.005, none on a tolerance's edge
     got = verdict.over_draws(CLAIM, "ratio", values)
     assert got == pytest.approx({"ratio": 1.505, "ratio_p05": 1.055, "ratio_p95": 1.955, "ratio_draws": 101, "ratio_share_holding": 10 / 101})
-    assert verdict.judge(CLAIM, got, "twin").verdict == registry.DEVIATES  # 1.505 is not 1.6 +- 0.05, though 10 draws are
+    assert verdict.judge(CLAIM, got, "twin").verdict == vocabulary.DEVIATES  # 1.505 is not 1.6 +- 0.05, though 10 draws are
     assert "at the median of 100 seeded draws" in verdict.judge(CLAIM, got, "twin").messages()[0]
     shifted = verdict.over_draws(CLAIM, "ratio", [v + 0.1 for v in values])
-    assert verdict.judge(CLAIM, shifted, "twin").verdict == registry.REPRODUCED
+    assert verdict.judge(CLAIM, shifted, "twin").verdict == vocabulary.REPRODUCED
 
 
 @pytest.mark.parametrize("drop", ["ratio_p05", "ratio_p95", "ratio_draws", "ratio_share_holding"])
 def test_a_median_without_its_distribution_fails(drop):
     got = verdict.over_draws(CLAIM, "ratio", [1.6] * 100)
-    assert verdict.judge(CLAIM, got, "twin").verdict == registry.REPRODUCED
-    assert verdict.judge(CLAIM, {k: v for k, v in got.items() if k != drop}, "twin").verdict == registry.DEVIATES
+    assert verdict.judge(CLAIM, got, "twin").verdict == vocabulary.REPRODUCED
+    assert verdict.judge(CLAIM, {k: v for k, v in got.items() if k != drop}, "twin").verdict == vocabulary.DEVIATES
 
 
 def test_fewer_draws_than_the_registry_asks_fail():
     got = verdict.over_draws(CLAIM, "ratio", [1.6] * 99)
-    assert verdict.judge(CLAIM, got, "twin").verdict == registry.DEVIATES
+    assert verdict.judge(CLAIM, got, "twin").verdict == vocabulary.DEVIATES
 
 
 def test_every_seeded_claim_asks_for_at_least_100_draws():
     seeded = {cid: [c.draws for c in claim.checks if c.draws] for cid, claim in registry.load().items()}
     assert {cid for cid, d in seeded.items() if d} >= {"BAT-STATIC-CONT", "PAGE-WASTE"}
-    assert all(d >= registry.DRAWS_MIN for ds in seeded.values() for d in ds)
+    assert all(d >= registry_fields.DRAWS_MIN for ds in seeded.values() for d in ds)
 
 
 def test_static_and_continuous_over_a_few_draws_give_the_rules_numbers():

@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .. import __version__
 from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
-from ..harness.record import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..harness.registry import clocked_claims, slow_claims
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
+from ..harness.vocabulary import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
 from ..runtime.files import kind_of
 from .forks import clear_halt, halt
 
@@ -64,7 +64,7 @@ def _run_one(fault: Fault, claims: tuple[str, ...], outdir: Path, timeout: float
     ``threads``: torch threads of the pytest process (``None``: its default). ``stop``: stop after the first
     claim that deviates (``--stop-on-red``); the claims after it are ``not reached``.
     """
-    from ..harness.registry import DEVIATES
+    from ..harness.vocabulary import DEVIATES
     from .launch import run_claims
 
     outdir.mkdir(parents=True, exist_ok=True)
@@ -293,7 +293,7 @@ def faults_main(p, args) -> int:
     """``cheapinfer faults`` after its arguments are parsed: the usage checks, the sweep, the table, faults.json."""
     import json
 
-    from ..harness.report import atomic_write
+    from ..harness.store import atomic_write
 
     faults = catalogue()
     unknown = [n for n in args.names if n not in faults]
@@ -308,7 +308,7 @@ def faults_main(p, args) -> int:
             print(f"{f.name}  [{f.section}, {f.kind}] -> {', '.join(f.targets)}\n    {f.what}")
         print(f"{len(faults)} faults; claims no known fault turns red: {', '.join(uncovered()) or 'none'}")
         return 0
-    from ..harness.report import writable_dir
+    from ..harness.store import writable_dir
 
     try:  # before the sweep: a folder that cannot take faults.json would throw the finished sweep away
         writable_dir(args.report_dir)
@@ -336,7 +336,7 @@ def faults_main(p, args) -> int:
         args.report_dir.mkdir(parents=True, exist_ok=True)
         atomic_write((target, text))
     except OSError as exc:  # a full disk after the sweep: one line; the previous faults.json is untouched, the sweep kept aside
-        from ..harness.aside import keep_aside
+        from ..harness.store import keep_aside
 
         previous = "the previous one is as it was" if target.exists() else "nothing was written there"
         kept = keep_aside(target, text, "this sweep's record")

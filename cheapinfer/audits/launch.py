@@ -161,11 +161,11 @@ def run_claims(claims: Sequence[str] | None, report_dir: Path, *, env: Mapping[s
     its id (``run_id``, else a new one), and its record is the one it kept under that id."""
     import time
 
-    from ..harness import report, schema
+    from ..harness import schema, store
 
-    run_id = run_id or report.new_run_id()
+    run_id = run_id or store.new_run_id()
     report_dir = Path(report_dir)
-    env = {**child_environment(env), report.RUN_ID_VARIABLE: run_id}
+    env = {**child_environment(env), store.RUN_ID_VARIABLE: run_id}
     args = claims_args(claims, report_dir, fault=fault, stop_on_red=stop_on_red, pytest_args=pytest_args)
     t0 = time.monotonic()
     tail, interrupted = "", False
@@ -177,7 +177,7 @@ def run_claims(claims: Sequence[str] | None, report_dir: Path, *, env: Mapping[s
         code, tail = pytest_run(args, CHECKOUT, threads, timeout, report_dir / "pytest.log", env=env)
     else:
         code, interrupted = (runner or run_interruptibly)([sys.executable, "-m", "pytest", *args], env)
-    path = report.own_record(report_dir, run_id)
+    path = store.own_record(report_dir, run_id)
     record = None
     if path is not None:
         try:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..harness import compare, locate, report, reruns, schema
+from ..harness import compare, locate, reruns, schema, store
 from ..harness.compare import BAND, CLAIM, annotate, check_reruns, environment_changes, read_record, usage_error
 from ..harness.errata_patch import read_chapter
 from ..harness.merge import MATRIX_MARK, merge, merge_markdown
@@ -87,7 +87,7 @@ def _merge(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
         refusal = (f"its directory {parent}: {why}" if (why := why_not_a_directory(parent)) else "") or _why_no_output(args.output)
         if not refusal:
             try:
-                report.writable_dir(args.output.parent)
+                store.writable_dir(args.output.parent)
             except ValueError as exc:
                 refusal = f"its directory: {exc}"
         if refusal:
@@ -107,7 +107,7 @@ def _merge(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
         compare.usage_error(p.prog, f"a record is not a well-formed run record of this suite ({type(exc).__name__}: {exc})")
     if args.output:
         try:
-            report.atomic_write((args.output, text))
+            store.atomic_write((args.output, text))
         except OSError as exc:  # a full disk: the temporary file is removed, the previous matrix is untouched
             kept = "the previous file is as it was" if args.output.exists() else "nothing was written"
             compare.usage_error(p.prog, f"-o {args.output}: cannot write it ({exc.strerror or exc}); {kept}")
@@ -137,7 +137,7 @@ def _errata(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     if str(args.output) == "-":
         sys.stdout.write(diff)
         return 0
-    from ..harness.report import atomic_write
+    from ..harness.store import atomic_write
 
     try:
         atomic_write((args.output, diff))

@@ -110,7 +110,7 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
         args.busy = args.stress
         return _stress(p, args, rest, prog="cheapinfer verify --stress")
     from ..audits.launch import child_environment
-    from ..harness import report, schema, tables
+    from ..harness import schema, store, tables
 
     device = _device(args.device)
     if device is None:
@@ -118,7 +118,7 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     report_dir = args.report_dir.expanduser().absolute()
     # This run's record is runs/<stamp>-<run id>.json: an id, not a pid, which another run (in another PID
     # namespace, or later) can have too. After a usage error there is no record, and no summary is shown.
-    run_id = report.new_run_id()
+    run_id = store.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
     claims = [args.claims] if args.claims else None
     if not claims:
@@ -128,18 +128,18 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     code, interrupted, mine = got.exit_status, got.interrupted, got.record_path
     if interrupted:
         kept = f"its record so far: {mine}" if mine else "it recorded nothing"
-        print(f"cheapinfer verify: interrupted; {kept}; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced", file=sys.stderr)
+        print(f"cheapinfer verify: interrupted; {kept}; the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced", file=sys.stderr)
         return INTERRUPTED
     if code == _NOTHING_SELECTED:  # the plugin wrote no record: an empty one would replace the latest verdicts
-        print(f"cheapinfer verify: no test was selected, nothing was run; the latest {report.RECORD_NAME} and {report.ERRATA_NAME} "
+        print(f"cheapinfer verify: no test was selected, nothing was run; the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} "
               "were not replaced", file=sys.stderr)
         return code
     if mine:
         record = got.record if got.record is not None else schema.read_record(mine)
         fault = record.get("run", {}).get("fault")
-        last = (f"The fault {fault} was injected: the latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced" if fault
-                else f"The latest {report.RECORD_NAME} and {report.ERRATA_NAME} were not replaced: see the error above"
-                if code == _INTERNAL_ERROR else f"Errata report: {report_dir / report.ERRATA_NAME}")
+        last = (f"The fault {fault} was injected: the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced" if fault
+                else f"The latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced: see the error above"
+                if code == _INTERNAL_ERROR else f"Errata report: {report_dir / store.ERRATA_NAME}")
         print("\n".join(["", *tables.summary_table(record), "", f"Run record: {mine}", last]))
     # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
     return code
@@ -149,10 +149,10 @@ def _warn_memory(report_dir: Path, device: str) -> None:
     """One line on stderr, before the run, when this machine has less memory available than the latest whole run in
     ``report_dir`` measured as its peak (nothing when there is no such record, or it cannot be read)."""
     from ..harness import record as records
-    from ..harness import report, schema
+    from ..harness import schema
     from ..runtime import memory
 
-    path = report_dir / report.RECORD_NAME
+    path = report_dir / schema.RECORD_NAME
     try:
         latest = schema.read_record(path)
     except (OSError, ValueError):
@@ -173,11 +173,11 @@ def _select(p: Parser, args: argparse.Namespace, allowed: list[str], what: str) 
 
 
 def _out_dir(p: Parser, args: argparse.Namespace, name: str) -> Path:
-    from ..harness import report
+    from ..harness import store
 
     out = args.report_dir.expanduser().absolute() / name
     try:
-        report.writable_dir(out)
+        store.writable_dir(out)
     except ValueError as exc:
         p.error(f"--report-dir: cannot write {out}: {exc}")
     return out

@@ -1,7 +1,7 @@
 """The writer's fault: the suite's own bug, not the chapter's. The claims' faults (:mod:`cheapinfer.faults.catalogue`)
 turn claims red; this one turns red the checks that a failed write loses nothing (tests/test_hard_edges.py).
 
-``non_atomic_writer`` replaces :func:`cheapinfer.harness.report.atomic_write` by what the suite once did: each file
+``non_atomic_writer`` replaces :func:`cheapinfer.harness.store.atomic_write` by what the suite once did: each file
 truncated and written in place, one after the other, with no temporary file and no rename. A full disk then leaves
 a truncated file where the previous record was.
 """
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from ..harness import report
+from ..harness import store
 from .base import patched
 
 WHAT = "every record, matrix and report written in place (truncate, then write): a failed write truncates the previous file"
@@ -24,7 +24,7 @@ def _in_place(*files: tuple[Path, str | bytes]) -> None:
         raw = data.encode("utf-8") if isinstance(data, str) else data
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
-            report._write_all(fd, raw)
+            store._write_all(fd, raw)
         finally:
             os.close(fd)
 
@@ -32,5 +32,5 @@ def _in_place(*files: tuple[Path, str | bytes]) -> None:
 @contextlib.contextmanager
 def non_atomic_writer() -> Iterator[None]:
     """The writer's fault, for as long as the block runs."""
-    with patched(report, "atomic_write", _in_place):
+    with patched(store, "atomic_write", _in_place):
         yield

@@ -12,8 +12,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from . import explanations, grades, locate, registry, tables, textchecks
-from .errata import confirmed_errata
+from . import explanations, grades, locate, tables, textchecks
+from .errata import confirmed_errata, recorded_errata
 from .schema import RunRecord
 
 EVIDENCE_NAME = "evidence.md"
@@ -85,7 +85,7 @@ def _status(record: RunRecord, entry: dict[str, Any]) -> str:
     claim = record["claims"].get(cid)
     if claim is None:
         return f"{cid} is not in this run's record"
-    documented = registry.recorded_errata(claim)
+    documented = recorded_errata(claim)
     mine = documented[entry["erratum"]] if entry["erratum"] < len(documented) else None
     if any(c == cid and e == mine for c, _, e, _ in confirmed_errata(record)):
         return "measured again in this run: confirmed"
@@ -178,7 +178,7 @@ def json_entries(record: RunRecord) -> list[dict[str, Any]]:
         evidence: dict[str, Any] = {"finding": e["finding"], "status": _status(record, e)}
         claim = record["claims"].get(e["claim"]) if e["claim"] else None
         if claim is not None and e["erratum"] is not None:
-            documented = registry.recorded_errata(claim)
+            documented = recorded_errata(claim)
             if e["erratum"] < len(documented):
                 doc = documented[e["erratum"]]
                 evidence.update(says=doc["says"], holds=doc["holds"], assumption=doc["assumption"])

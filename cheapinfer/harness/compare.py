@@ -35,13 +35,12 @@ Every change to *not run* is printed with its reason; one whose test raised befo
 changed. Exit status: 0 no regression, 1 regression (harness errors of a passing claim included), 2 usage
 error or a record that cannot be read or is ill-formed (one line): a rerun of another environment than its
 side's, or one run given twice; not JSON, another suite's record or a
-schema this version does not read, a verdict it does not know (``registry.VERDICTS``), or a value it cannot
+schema this version does not read, a verdict it does not know (``vocabulary.VERDICTS``), or a value it cannot
 read (an integer beyond the range of a float, text that is not Unicode).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -51,11 +50,11 @@ from typing import Any
 
 from ..runtime.settings import printable
 from . import registry, schema
-from .record import is_harness_error
-from .registry import BREAKABLE, DEVIATES, NO_TEST, NOT_RUN, fmt
-from .report import KEY_ENVIRONMENT
+from .errata import recorded_errata
+from .numbers import fmt, value_text
 from .reruns import PROCESS_LEVEL, by_profile, finite, identities, not_a_rerun, rerun_values, welch_p
 from .schema import ClaimEntry, RunRecord
+from .vocabulary import BREAKABLE, DEVIATES, KEY_ENVIRONMENT, NO_TEST, NOT_RUN, is_harness_error
 
 #: Default relative band for values judged by shape only (timing ratios and the like); see the module doc.
 BAND = 0.25
@@ -84,16 +83,12 @@ class Change:
         elif self.what == "verdict":
             body = f"verdict: {self.before} -> {self.after}" + (f" ({self.reason})" if self.reason else "")
         else:
-            body = f"{self.what}: {short_value(self.before)} -> {short_value(self.after)} (moved beyond {self.tolerance}" + (f"; {self.reason})" if self.reason else ")")
+            body = f"{self.what}: {value_text(self.before)} -> {value_text(self.after)} (moved beyond {self.tolerance}" + (f"; {self.reason})" if self.reason else ")")
         return f"{tag:<11} {self.claim} [{self.profile}] {body}"
 
 
-def short_value(value: Any) -> str:
-    return fmt(value) if not isinstance(value, (dict, list)) else json.dumps(value)
-
-
 def _unselected(results: dict[tuple[str, int], dict[str, Any]]) -> bool:
-    """No result at all, or only the placeholder ``report.build`` writes for a test not selected in the run."""
+    """No result at all, or only the placeholder ``record.build`` writes for a test not selected in the run."""
     return not results or all(profile == "-" for profile, _ in results)
 
 
@@ -222,7 +217,7 @@ def _release_bound(q: str, claim: ClaimEntry, before: RunRecord, after: RunRecor
     releases (``applies``) of a library whose version differs between them (KV-API: ``past_key_values`` is the
     4.x name, ``cache`` the 5.x one). Empty where no such reason exists: the move is then a regression."""
     ea, eb = before.get("environment", {}), after.get("environment", {})
-    for erratum in registry.recorded_errata(claim):
+    for erratum in recorded_errata(claim):
         if q not in erratum.get("stands_on", ()) or not isinstance(erratum.get("applies"), dict):
             continue
         moved = [f"{lib} {ea.get(lib, '-')} -> {eb.get(lib, '-')}" for lib in erratum["applies"] if ea.get(lib) != eb.get(lib)]

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from . import compare
-from .registry import DEVIATES, NOT_RUN, VERDICTS
-from .report import KEY_ENVIRONMENT
+from .numbers import value_text
 from .schema import ClaimEntry, RunRecord
 from .tables import machine_label, markdown_table
+from .vocabulary import DEVIATES, KEY_ENVIRONMENT, NOT_RUN, VERDICTS
 
 # ----------------------------------------------------------------------------------------------
 # merge
@@ -42,7 +41,7 @@ def _cell(claim: ClaimEntry | None) -> str:
         checks = [c for c in r.get("checks", []) if c["asserted"]]
         if r["verdict"] != NOT_RUN and checks:
             shown = next((c for c in checks if not c["passed"]), checks[0])
-            parts.append(f"{r['profile']}: {shown['q']} {compare.short_value(shown['measured'])}")
+            parts.append(f"{r['profile']}: {shown['q']} {value_text(shown['measured'])}")
     text = f"**{verdict}**" if verdict == DEVIATES else verdict
     return text + (" (" + "; ".join(parts) + ")" if parts else "")
 

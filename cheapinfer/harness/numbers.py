@@ -1,8 +1,8 @@
-"""Numbers as the registry and the reports read and print them (torch-free, imported by ``registry``, which
-hands them on: ``registry.fmt`` is this module's)."""
+"""Numbers as the registry and the reports read and print them (torch-free; imports nothing of the package)."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -32,3 +32,8 @@ def fmt(value: Any) -> str:
             return f"{value:.4g}"
         return f"{value:.6g}"
     return str(value)
+
+
+def value_text(value: Any) -> str:
+    """A measured or book value as the reports and ``compare`` print it: :func:`fmt`, or JSON for a table or a list."""
+    return fmt(value) if not isinstance(value, (dict, list)) else json.dumps(value)

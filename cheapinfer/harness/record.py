@@ -1,38 +1,29 @@
-"""Collecting claim results during a run, independent of pytest.
+"""Collecting claim results during a run, independent of pytest, and the run record built from them.
 
 A :class:`Recorder` gathers one :class:`Result` per (claim, profile) measurement. ``verify`` is the
 one place where a measurement meets the registry: it judges, records and returns the judgement.
 With ``--perturb ID`` it judges against the claim's book values moved beyond their tolerances
 instead (a demonstration of the comparator; that the measurement itself can fail is shown by the
 fault catalogue, ``cheapinfer.audits.faults``).
+
+:func:`build` turns recorded results into a record: per claim ID its statement, book values, checks (with their
+tolerances), the result on each profile, and the claim's overall verdict; plus the environment, the run and the
+candidate errata. :mod:`cheapinfer.harness.store` keeps it and :mod:`cheapinfer.harness.report` renders it.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from . import registry, verdict
-from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
-from .schema import ResultEntry
+from .. import __version__
+from . import author, errata, registry, verdict
+from .schema import RUN_SCHEMA, ClaimEntry, ResultEntry, RunRecord
 
-#: How the reason of a result that is *not run* because its test raised before a verdict (an error, not a skip) begins,
-#: for a reader; what says so is its ``harness_error`` field (records of schema 1 said it by this prefix only, and
-#: :func:`cheapinfer.harness.schema.upgrade` reads them so).
-ERROR_REASON = "error before a verdict"
-
-
-def is_harness_error(result: ResultEntry) -> bool:
-    """A result that is *not run* because its test raised before a verdict, not because it was skipped: its field, never its reason's words."""
-    return result.get("verdict") == NOT_RUN and bool(result.get("harness_error"))
-
-
-#: The fault record's verdicts of a target claim (``schema.FaultEntry``): the fault turned it red, or the sweep did
-#: not run it (another claim had already caught the fault in that run); and the two modes of a fault run.
-RED = "red"
-NOT_REACHED = "not reached"
-SWEEP, ALL_TARGETS = "sweep", "all targets"
+# is_harness_error is vocabulary's (import it from there); audits/matrix.py still reads it as record.is_harness_error.
+from .vocabulary import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, is_harness_error  # noqa: F401
 
 
 def jsonable(value: Any) -> Any:
@@ -66,7 +57,7 @@ class Result:
     test: str = ""
     seconds: float = 0.0
     perturbed: bool = False
-    harness_error: bool = False  # not run because the test raised before a verdict (is_harness_error)
+    harness_error: bool = False  # not run because the test raised before a verdict (vocabulary.is_harness_error)
     load: dict[str, Any] = field(default_factory=dict)  # the machine's load around a clocked measurement (load average, CPU steal)
     memory: dict[str, Any] = field(default_factory=dict)  # after the test: the process's peak and current resident set (schema.ResultEntry)
 
@@ -135,6 +126,98 @@ def overall(results: list[dict[str, Any]]) -> str:
     if not results:
         return NO_TEST
     return min((r["verdict"] for r in results), key=_RANK.__getitem__)
+
+
+# ----------------------------------------------------------------------------------------------
+# the run record
+# ----------------------------------------------------------------------------------------------
+
+#: Why a selected claim has no result in an interrupted run.
+INTERRUPTED_REASON = "interrupted: the run was stopped before its test finished"
+
+
+def _check_spec(check: registry.Check) -> dict[str, Any]:
+    """A registry check as JSON: what ``compare`` needs to tell a real move from noise."""
+    spec: dict[str, Any] = {"q": check.q, "kind": check.kind, "why": check.why}
+    if check.kind == "shape":
+        spec.update(op=check.op, bound=check.bound)
+    else:
+        spec.update(form=check.form, tol=check.tol)
+        if check.form == "bound":
+            spec["op"] = check.op
+    if check.requires:
+        spec["requires"] = check.requires
+    if check.profiles:
+        spec["profiles"] = list(check.profiles)
+    return spec
+
+
+def _source_spec(src: registry.Source) -> dict[str, Any]:
+    spec: dict[str, Any] = {"kind": src.kind, "text": src.text}
+    if src.why:
+        spec["why"] = src.why
+    if src.inputs:
+        spec["from"] = list(src.inputs)
+    return spec
+
+
+def _erratum_spec(e: registry.Erratum) -> dict[str, Any]:
+    spec = {"says": e.says, "holds": e.holds, "assumption": e.assumption, "fails": list(e.fails),
+            "stands_on": list(e.stands_on), "profiles": list(e.profiles), "grade": e.grade, "reader": e.reader}
+    if e.applies:
+        spec["applies"] = dict(e.applies)
+    return spec
+
+
+def build(
+    results: list[dict[str, Any]],
+    environment: dict[str, str],
+    run: dict[str, Any],
+    tested: dict[str, list[str]],
+    faults: dict[str, list[str]] | None = None,
+    fault_run: dict[str, Any] | None = None,
+    unfinished: frozenset[str] | set[str] = frozenset(),
+) -> RunRecord:
+    """The run record. ``faults``: claim ID -> the known faults that turn it red (the catalogue);
+    ``fault_run``: the last ``python -m cheapinfer faults`` result, if there is one; ``unfinished``: the claims
+    whose tests were selected but not finished when the run was interrupted (not "not selected")."""
+    claims: dict[str, ClaimEntry] = {}
+    for claim_id, claim in registry.load().items():
+        mine = [r for r in results if r["claim"] == claim_id]
+        if not mine and claim_id in tested:
+            reason = INTERRUPTED_REASON if claim_id in unfinished else "its test was not selected in this run"
+            mine = [{"claim": claim_id, "profile": "-", "device": "-", "verdict": NOT_RUN, "reason": reason, "measured": {}, "checks": []}]
+        claims[claim_id] = {
+            "section": claim.section,
+            "statement": claim.statement,
+            "book": dict(claim.book),
+            "source": {k: _source_spec(v) for k, v in claim.source.items()},
+            "units": dict(claim.units),
+            "errata": [_erratum_spec(e) for e in claim.errata],
+            "faults": list((faults or {}).get(claim_id, [])),
+            "note": claim.note,
+            "has_test": claim_id in tested,
+            "verdict": overall(mine),
+            "runs_on": list(claim.runs_on),
+            "digits_on": list(claim.digits_on),
+            "checks": [_check_spec(c) for c in claim.checks],
+            "results": mine,
+        }
+    record: RunRecord = {
+        "schema": RUN_SCHEMA,
+        "suite": f"cheapinfer {__version__}",
+        "created": run.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "run": run,
+        "environment": environment,
+        "summary": dict(Counter(c["verdict"] for c in claims.values())),
+        "sections": {k: t for k, t in registry.SECTIONS.items() if any(c["section"] == k for c in claims.values())},
+        "claims": claims,
+    }
+    if fault_run:
+        record["fault_run"] = fault_run
+    record["errata"] = errata.candidate_errata(record)
+    record["text"] = author.text_record()
+    return record
 
 
 def run_peak(results: list[ResultEntry], process_peak: int | None = None, top: int = 5) -> dict[str, Any]:

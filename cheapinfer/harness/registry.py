@@ -50,31 +50,19 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
-from .grades import GRADES  # noqa: F401 (registry.GRADES: read from here)
-from .numbers import fmt, is_number, margin_text  # noqa: F401 (theirs; read from here too)
-from .registry_fields import DRAWS_MIN, DRAWS_RULE, check_fields, check_guards, field_values  # noqa: F401 (registry.DRAWS_RULE: read from here)
+from .grades import GRADES
+from .numbers import fmt, is_number
+from .registry_fields import check_fields, check_guards, field_values
 
-REPRODUCED = "reproduced"
-SHAPE_HOLDS = "shape holds"
-ERRATUM = "erratum"
+# Of the verdicts (vocabulary's: import them from there), audits/matrix.py still reads six as registry.<name>.
+from .vocabulary import BREAKABLE, DEVIATES, ERRATUM, ID_MAX, INCONCLUSIVE, NOT_RUN, PASSING, valid_id  # noqa: F401
 
-DEVIATES = "deviates"
-NOT_RUN = "not run"
-NO_TEST = "no test yet"
-INCONCLUSIVE = "inconclusive"
-VERDICTS = (REPRODUCED, SHAPE_HOLDS, ERRATUM, INCONCLUSIVE, DEVIATES, NOT_RUN, NO_TEST)
-#: Verdicts of a passing test; a confirmed erratum passes (its digits fail as documented).
-PASSING = (REPRODUCED, SHAPE_HOLDS, ERRATUM)
-#: Verdicts from which a change to *deviates* (or a harness error) is a regression: a passing one, or one that
-#: could not decide (a measurement that now decides red was not red before).
-BREAKABLE = (*PASSING, INCONCLUSIVE)
 #: A noisy check decides only where its margin to the bound is at least this many standard errors.
 NOISE_SIGMAS = 3.0
 NOISE_KINDS = ("rounds", "steps")
@@ -326,12 +314,6 @@ def _erratum_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ..
     )
 
 
-def recorded_errata(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A run record's claim entry's errata (records of schema 1 held the first under ``erratum`` too, or only: read
-    through :func:`cheapinfer.harness.schema.read_record`, they hold them under ``errata``)."""
-    return list(claim.get("errata", []))
-
-
 def _errata_from(claim_id: str, raw: Mapping[str, Any] | list, checks: tuple[Check, ...], source: Mapping[str, Source]) -> tuple[Erratum, ...]:
     """``[ID.erratum]`` (one) or ``[[ID.erratum]]`` (several, each with its own grade); no check documented by two."""
     errata = tuple(_erratum_from(claim_id, r, checks, source) for r in ([raw] if isinstance(raw, Mapping) else raw))
@@ -340,17 +322,6 @@ def _errata_from(claim_id: str, raw: Mapping[str, Any] | list, checks: tuple[Che
     if twice:
         raise RegistryError(f"{claim_id}: {twice} documented as failing by more than one erratum")
     return errata
-
-
-#: What a claim ID is: groups of upper-case letters, digits and '.' joined by '-' (KV-MHA-7X, KV-MEMORY-8.3X), at
-#: most 40 characters.
-ID_PATTERN = re.compile(r"[A-Z0-9][A-Z0-9.]*(?:-[A-Z0-9][A-Z0-9.]*)*")
-ID_MAX = 40
-
-
-def valid_id(claim_id: object) -> bool:
-    """Whether ``claim_id`` is a claim ID of the registry's form (:data:`ID_PATTERN`): nothing a terminal obeys."""
-    return isinstance(claim_id, str) and len(claim_id) <= ID_MAX and ID_PATTERN.fullmatch(claim_id) is not None
 
 
 def _timing_from(claim_id: str, raw: Mapping[str, Any], checks: tuple[Check, ...]) -> str:

@@ -1,265 +1,24 @@
-"""The run record (JSON) and the errata report (Markdown) written after every run.
+"""The reports rendered from a run record: ``errata.md`` (the author's list), ``evidence.md``, ``errata.json``.
 
-``build`` turns recorded results into a record: per claim ID its statement, book values, checks
-(with their tolerances), the result on each profile, and the claim's overall verdict; plus the
-environment, the run and the candidate errata. ``markdown`` renders a record; it is a pure function
-of the record (no clock, no registry, no machine), so a checked-in record pins the format
-(tests/data/run-record.json -> tests/data/errata-snapshot.md).
+``markdown`` and ``evidence_markdown`` render a record; they are pure functions of the record (no clock, no registry,
+no machine), so a checked-in record pins the format (tests/data/run-record.json -> tests/data/errata-snapshot.md).
+``write`` renders them and replaces the latest ``run.json`` and reports together (:func:`cheapinfer.harness.store.atomic_write`).
+The record is built by :func:`cheapinfer.harness.record.build` and kept by :mod:`cheapinfer.harness.store`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import tempfile
-import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..runtime.files import why_not_a_directory
-from . import author, errata, registry, tables
-from .record import overall
-from .registry import NO_TEST, NOT_RUN, fmt
-from .schema import RECORD_NAME, RUN_SCHEMA, ClaimEntry, ResultEntry, RunRecord
+from . import author, errata_sections, store, tables
+from .numbers import fmt, value_text
+from .schema import RECORD_NAME, ClaimEntry, ResultEntry, RunRecord
 
-ERRATA_NAME = "errata.md"
-#: Why a selected claim has no result in an interrupted run.
-INTERRUPTED_REASON = "interrupted: the run was stopped before its test finished"
-#: Every run's own record, ``<report dir>/runs/<UTC stamp>-<run id>.json``, beside the latest ``run.json``.
-RUNS_DIR = "runs"
-#: A run's pytest-benchmark JSON beside its own record: ``runs/<UTC stamp>-<run id>.benchmarks.json``.
-BENCHMARKS_SUFFIX = ".benchmarks.json"
-#: The run id ``python -m cheapinfer verify`` gives its pytest, which names that run's record with it.
-RUN_ID_VARIABLE = "CHEAPINFER_RUN_ID"
-#: The environment entries a reader needs to compare two runs, in the order the report shows them.
-KEY_ENVIRONMENT = ("cpu", "gpu", "driver", "cuda", "torch", "transformers", "bitsandbytes", "gguf")
-
-
-def _check_spec(check: registry.Check) -> dict[str, Any]:
-    """A registry check as JSON: what ``compare`` needs to tell a real move from noise."""
-    spec: dict[str, Any] = {"q": check.q, "kind": check.kind, "why": check.why}
-    if check.kind == "shape":
-        spec.update(op=check.op, bound=check.bound)
-    else:
-        spec.update(form=check.form, tol=check.tol)
-        if check.form == "bound":
-            spec["op"] = check.op
-    if check.requires:
-        spec["requires"] = check.requires
-    if check.profiles:
-        spec["profiles"] = list(check.profiles)
-    return spec
-
-
-def _source_spec(src: registry.Source) -> dict[str, Any]:
-    spec: dict[str, Any] = {"kind": src.kind, "text": src.text}
-    if src.why:
-        spec["why"] = src.why
-    if src.inputs:
-        spec["from"] = list(src.inputs)
-    return spec
-
-
-def _erratum_spec(e: registry.Erratum) -> dict[str, Any]:
-    spec = {"says": e.says, "holds": e.holds, "assumption": e.assumption, "fails": list(e.fails),
-            "stands_on": list(e.stands_on), "profiles": list(e.profiles), "grade": e.grade, "reader": e.reader}
-    if e.applies:
-        spec["applies"] = dict(e.applies)
-    return spec
-
-
-def build(
-    results: list[dict[str, Any]],
-    environment: dict[str, str],
-    run: dict[str, Any],
-    tested: dict[str, list[str]],
-    faults: dict[str, list[str]] | None = None,
-    fault_run: dict[str, Any] | None = None,
-    unfinished: frozenset[str] | set[str] = frozenset(),
-) -> RunRecord:
-    """The run record. ``faults``: claim ID -> the known faults that turn it red (the catalogue);
-    ``fault_run``: the last ``python -m cheapinfer faults`` result, if there is one; ``unfinished``: the claims
-    whose tests were selected but not finished when the run was interrupted (not "not selected")."""
-    claims: dict[str, ClaimEntry] = {}
-    for claim_id, claim in registry.load().items():
-        mine = [r for r in results if r["claim"] == claim_id]
-        if not mine and claim_id in tested:
-            reason = INTERRUPTED_REASON if claim_id in unfinished else "its test was not selected in this run"
-            mine = [{"claim": claim_id, "profile": "-", "device": "-", "verdict": NOT_RUN, "reason": reason, "measured": {}, "checks": []}]
-        claims[claim_id] = {
-            "section": claim.section,
-            "statement": claim.statement,
-            "book": dict(claim.book),
-            "source": {k: _source_spec(v) for k, v in claim.source.items()},
-            "units": dict(claim.units),
-            "errata": [_erratum_spec(e) for e in claim.errata],
-            "faults": list((faults or {}).get(claim_id, [])),
-            "note": claim.note,
-            "has_test": claim_id in tested,
-            "verdict": overall(mine),
-            "runs_on": list(claim.runs_on),
-            "digits_on": list(claim.digits_on),
-            "checks": [_check_spec(c) for c in claim.checks],
-            "results": mine,
-        }
-    record: RunRecord = {
-        "schema": RUN_SCHEMA,
-        "suite": f"cheapinfer {__version__}",
-        "created": run.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "run": run,
-        "environment": environment,
-        "summary": dict(Counter(c["verdict"] for c in claims.values())),
-        "sections": {k: t for k, t in registry.SECTIONS.items() if any(c["section"] == k for c in claims.values())},
-        "claims": claims,
-    }
-    if fault_run:
-        record["fault_run"] = fault_run
-    record["errata"] = errata.candidate_errata(record)
-    record["text"] = author.text_record()
-    return record
-
-
-def writable_dir(path: Path) -> Path:
-    """``path``, created if needed, once a file could be written in it; ValueError with the reason otherwise."""
-    path = Path(path)
-    if str(path) == "":
-        raise ValueError("an empty path names no directory (it is not the current one)")
-    refusal = why_not_a_directory(path)
-    if refusal:
-        raise ValueError(refusal)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"cannot create the directory ({exc.strerror or exc})") from None
-    try:
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        raise ValueError(f"cannot write in the directory ({exc.strerror or exc})") from None
-    return path
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Every byte of ``data`` to the file descriptor ``fd`` (an OSError such as ENOSPC propagates)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _staged(path: Path, data: str | bytes) -> Path:
-    """``data`` in a new temporary file beside ``path`` (removed again if writing it fails), ready to be renamed over it.
-
-    The file gets the mode any file the user writes gets: 0666 less the umask (``open(..., "w")`` does the same).
-    """
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        try:
-            _write_all(fd, raw)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-class PartlyWritten(OSError):
-    """:func:`atomic_write` renamed some of its files into place, then failed: which were replaced, which were not."""
-
-    def __init__(self, written: list[Path], unwritten: list[Path], cause: OSError):
-        self.written, self.unwritten = written, unwritten
-        super().__init__(cause.errno, f"{', '.join(map(str, written))} replaced, but {', '.join(map(str, unwritten))} not "
-                                      f"({cause.strerror or cause}): the files no longer belong to one run")
-
-
-def check_slots(outdir: Path) -> None:
-    """ValueError unless every file a run writes into ``outdir`` can go where it goes: ``runs/`` a directory (or
-    absent), ``run.json`` and ``errata.md`` regular files (or absent). Checked before any test runs."""
-    from ..runtime.files import kind_of
-
-    outdir = Path(outdir)
-    runs = outdir / RUNS_DIR
-    refusal = why_not_a_directory(runs) if runs.exists() or runs.is_symlink() else ""
-    if refusal:
-        raise ValueError(f"{runs}: {refusal}; this run's record could not be kept there")
-    for name in (RECORD_NAME, ERRATA_NAME):
-        kind = kind_of(outdir / name)
-        if kind:
-            raise ValueError(f"{outdir / name} is {kind}: the latest {name} could not be written there")
-
-
-def atomic_write(*files: tuple[Path, str | bytes]) -> None:
-    """Write each ``(path, data)`` to a temporary file beside ``path``, then rename them over their paths: readers
-    see the old files or the new ones, never a part. On any failure (a full disk, an interrupt) before the
-    renames, every temporary file is removed and no path is touched."""
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, data in files:
-            staged.append((_staged(Path(path), data), Path(path)))
-        for i, (tmp, path) in enumerate(staged):
-            try:
-                os.replace(tmp, path)
-            except OSError as exc:
-                if i:
-                    raise PartlyWritten([p for _, p in staged[:i]], [p for _, p in staged[i:]], exc) from None
-                raise
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)  # already renamed, unless something failed
-
-
-def _json(record: RunRecord) -> str:
-    return json.dumps(record, indent=1, sort_keys=False, default=str) + "\n"
-
-
-def _stamp(record: RunRecord) -> str:
-    return str(record.get("created", "")).replace("-", "").replace(":", "") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-
-
-def new_run_id() -> str:
-    """A run's identity: unique across processes, machines and PID namespaces (a pid repeats; this does not)."""
-    return secrets.token_hex(6)
-
-
-def keep(record: RunRecord, outdir: Path, benchmarks: Path | None = None) -> Path:
-    """This run's own copy of the record, ``runs/<UTC stamp>-<run id>.json``: concurrent and repeated runs lose nothing.
-
-    The run id is ``record["run"]["id"]`` (:func:`new_run_id` when there is none). ``benchmarks``: this run's
-    pytest-benchmark JSON, copied beside the record (``runs/<same name>.benchmarks.json``, which the next run
-    does not overwrite); ``record["run"]["benchmarks"]`` then names the copy, relative to ``outdir``.
-    """
-    outdir = Path(outdir)
-    runs = outdir / RUNS_DIR
-    runs.mkdir(parents=True, exist_ok=True)
-    base = f"{_stamp(record)}-{record.get('run', {}).get('id') or new_run_id()}"
-    path, n = runs / f"{base}.json", 1
-    while path.exists():  # the same run id twice in one second (a record kept again)
-        n += 1
-        path = runs / f"{base}-{n}.json"
-    if benchmarks is not None:
-        copy = path.with_name(f"{path.stem}{BENCHMARKS_SUFFIX}")
-        atomic_write((copy, Path(benchmarks).read_bytes()))
-        record.setdefault("run", {})["benchmarks"] = str(copy.relative_to(outdir))
-    atomic_write((path, _json(record)))
-    return path
-
-
-def own_record(outdir: Path, run_id: str) -> Path | None:
-    """The record the run ``run_id`` kept in ``outdir`` (:func:`keep`; the last, if it was kept twice), or None."""
-    runs = Path(outdir) / RUNS_DIR
-    mine = [p for p in sorted(runs.glob(f"*-{run_id}.json")) + sorted(runs.glob(f"*-{run_id}-*.json")) if not p.name.endswith(BENCHMARKS_SUFFIX)]
-    return mine[-1] if mine else None
+# These four are store's (import them from there); audits/matrix.py and audits/stress.py still read them as report.<name>.
+from .store import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record  # noqa: F401
+from .vocabulary import KEY_ENVIRONMENT, NO_TEST, NOT_RUN, SHAPE_HOLDS
 
 
 def write(record: RunRecord, outdir: Path) -> tuple[Path, Path]:
@@ -268,9 +27,9 @@ def write(record: RunRecord, outdir: Path) -> tuple[Path, Path]:
     the previous set as it was."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    rec, md = outdir / RECORD_NAME, outdir / ERRATA_NAME
-    atomic_write((rec, _json(record)), (md, markdown(record)), (outdir / author.EVIDENCE_NAME, evidence_markdown(record)),
-                 (outdir / author.JSON_NAME, json.dumps(author.json_entries(record), indent=1, ensure_ascii=False, default=str) + "\n"))
+    rec, md = outdir / RECORD_NAME, outdir / store.ERRATA_NAME
+    store.atomic_write((rec, store.record_json(record)), (md, markdown(record)), (outdir / author.EVIDENCE_NAME, evidence_markdown(record)),
+                       (outdir / author.JSON_NAME, json.dumps(author.json_entries(record), indent=1, ensure_ascii=False, default=str) + "\n"))
     return rec, md
 
 
@@ -316,12 +75,12 @@ def _result_lines(claim_id: str, claim: ClaimEntry, r: ResultEntry) -> list[str]
     for chk in r.get("checks", []):
         status = "undecided" if chk.get("decided") is False else "ok" if chk["passed"] else "FAILS"
         role = "asserted" if chk["asserted"] else "reported"
-        noise = f" ± {tables.value_text(chk['se'])} ({tables.noise_words(chk)})" if chk.get("se") is not None else ""
-        lines.append(f"  - `{chk['q']}`: measured {tables.value_text(chk['measured'])}{noise}; expected {chk['expected']} — {status}, {role} ({chk['why']})")
+        noise = f" ± {value_text(chk['se'])} ({tables.noise_words(chk)})" if chk.get("se") is not None else ""
+        lines.append(f"  - `{chk['q']}`: measured {value_text(chk['measured'])}{noise}; expected {chk['expected']} — {status}, {role} ({chk['why']})")
     checked = {chk["q"] for chk in r.get("checks", [])}
     others = {k: v for k, v in r.get("measured", {}).items() if k not in checked}
     if others:
-        lines.append("  - also measured: " + "; ".join(f"`{k}` {tables.value_text(v)}" for k, v in others.items()))
+        lines.append("  - also measured: " + "; ".join(f"`{k}` {value_text(v)}" for k, v in others.items()))
     for note in r.get("notes", []):
         lines.append(f"  - note: {note}")
     for w in r.get("warnings", []):
@@ -360,7 +119,7 @@ def _head(record: RunRecord, title: str) -> list[str]:
         f"Device: {record['run'].get('device', '?')}; CPU: {env.get('cpu', '?')}; GPU: {env.get('gpu', '?')}"
         f" (driver {env.get('driver', '?')}, CUDA {env.get('cuda', '?')}); {versions}.",
         "",
-        "Verdicts: *reproduced* — the book's digits hold within the stated tolerance; *" + tables.BADGE[registry.SHAPE_HOLDS] + "* — on a "
+        "Verdicts: *reproduced* — the book's digits hold within the stated tolerance; *" + tables.BADGE[SHAPE_HOLDS] + "* — on a "
         "stand-in or twin model, where the book's digits cannot be expected, the claim's invariant holds: the book's measured numbers "
         "were not run and are not confirmed; *erratum* — a confirmed erratum: the book's digits fail as the registry documents, with "
         "evidence; *inconclusive* — the measurement could not decide (a margin within its noise, or a range it could not search "
@@ -385,10 +144,10 @@ def markdown(record: RunRecord) -> str:
     """errata.md, the author's list: summary, graded entries with their places, candidate errata, inconclusive, not run."""
     lines = [*_head(record, "Errata report"), "## Summary", "", *tables.summary_table(record), ""]
     lines += author.author_lines(record)
-    lines += errata.errata_lines(record)
-    lines += errata.inconclusive_lines(record)
+    lines += errata_sections.errata_lines(record)
+    lines += errata_sections.inconclusive_lines(record)
     lines += _not_run_lines(record)
-    lines += errata.fault_lines(record) if record.get("fault_run") else [
+    lines += errata_sections.fault_lines(record) if record.get("fault_run") else [
         "## Fault coverage", "", "No faults run is recorded: `python -m cheapinfer faults` measures which claims each known fault turns red.", ""]
     lines += author.closing_lines(record)
     return "\n".join(lines)
@@ -397,8 +156,8 @@ def markdown(record: RunRecord) -> str:
 def evidence_markdown(record: RunRecord) -> str:
     """evidence.md: each claim's evidence (anchored by its ID, lower case), the confirmed errata's, figures, environment."""
     env = record["environment"]
-    lines = [*_head(record, "Evidence"), f"The author's list is in [{ERRATA_NAME}]({ERRATA_NAME}).", ""]
-    lines += errata.confirmed_lines(record)
+    lines = [*_head(record, "Evidence"), f"The author's list is in [{store.ERRATA_NAME}]({store.ERRATA_NAME}).", ""]
+    lines += errata_sections.confirmed_lines(record)
     figures = _figures(record)
     if figures:
         lines += ["## Figures", ""]

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from . import schema
-from .registry import NOT_RUN
 from .schema import ClaimEntry, RunRecord
+from .vocabulary import NOT_RUN
 
 #: Level of the test between processes: two-sided, the level of ``registry.NOISE_SIGMAS`` standard errors under normal noise
 #: (erfc(3 / sqrt 2) = 0.27%), so that a move between processes is called at the level a verdict is decided at.

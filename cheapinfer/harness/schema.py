@@ -1,12 +1,12 @@
 """The records this suite writes and reads, as types: the run record (``run.json``) and the fault record
 (``faults.json``), each with a version. One schema, one reader, one validator.
 
-The TypedDicts below are what the writers produce (``report.build``, ``record.Result``, the fault runner) and
+The TypedDicts below are what the writers produce (``record.build``, ``record.Result``, the fault runner) and
 what the readers (``report``, ``errata``, ``compare``, ``merge``, the matrix, the fault runner) may rely on. A
 key marked ``NotRequired`` is written by this version but absent from records of earlier ones, so no reader may
 assume it. :func:`check_record` and :func:`check_fault_record` hold a record to these types (every required key
 present, every present key of its type), and to what types cannot say: the suite and schema version, the
-verdicts the registry knows, and values that can be compared and printed. A record that is not the shape this
+verdicts it knows, and values that can be compared and printed. A record that is not the shape this
 suite writes is a :class:`RecordError` with one line naming the place, never a traceback.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
 from ..runtime.files import read_json
-from . import registry
+from . import vocabulary
 
 #: The files: the latest run record in a report directory (every run's own in ``runs/``), and the last fault run.
 RECORD_NAME = "run.json"
@@ -91,7 +91,7 @@ class ResultEntry(TypedDict):
     test: NotRequired[str]  # the test's node ID; none for an unselected test
     seconds: NotRequired[float]
     perturbed: NotRequired[bool]
-    harness_error: NotRequired[bool]  # not run because the test raised before a verdict (record.is_harness_error; schema 1: a reason's prefix)
+    harness_error: NotRequired[bool]  # not run because the test raised before a verdict (vocabulary.is_harness_error; schema 1: a reason's prefix)
     load: NotRequired[dict[str, Any]]
     # After the test (its fixtures' setup included): ``peak_rss_bytes``, the process's maximum resident set so far (it
     # never falls: the result after which it last rose set the run's peak); ``rss_bytes``, the resident set then; on a
@@ -124,7 +124,7 @@ class ClaimEntry(TypedDict):
 
 
 class FaultEntry(TypedDict):
-    """One fault of the catalogue over the runs: per run, each target claim's verdict (``record.RED`` when it caught it)."""
+    """One fault of the catalogue over the runs: per run, each target claim's verdict (``vocabulary.RED`` when it caught it)."""
 
     targets: list[str]
     runs: list[dict[str, str]]
@@ -167,7 +167,7 @@ class RunHead(TypedDict):
 
 
 class RunRecord(RunHead):
-    """A run of the claims: the record ``report.build`` writes to ``run.json`` and ``runs/``."""
+    """A run of the claims: the record ``record.build`` makes and ``store`` and ``report`` write to ``runs/`` and ``run.json``."""
 
     claims: dict[str, ClaimEntry]
 
@@ -317,15 +317,15 @@ def check_record(record: Any) -> RunRecord:
     """``record`` as a :class:`RunRecord`, or RecordError naming the first entry that is not what the readers read.
 
     A run record of this suite (``suite`` "cheapinfer <version>") in a schema this version reads, of the types
-    above, with the verdicts of ``registry.VERDICTS`` only, and only values that can be compared and printed.
+    above, with the verdicts of ``vocabulary.VERDICTS`` only, and only values that can be compared and printed.
     """
     _header(record, "record", SCHEMAS, required=True)
     _readable(record)  # before any message quotes a claim ID
     _expect(isinstance(record.get("claims"), dict), "'claims'", "an object of claims by ID")
-    verdicts = registry.VERDICTS  # read now: a verdict added to the registry is known here at once
+    verdicts = vocabulary.VERDICTS  # read now: a verdict added to the vocabulary is known here at once
     known = ", ".join(verdicts)
     for cid, claim in record["claims"].items():
-        _expect(registry.valid_id(cid), f"claim {ascii(cid)[:60]}", "a claim ID (upper-case letters and digits joined by '-'): "
+        _expect(vocabulary.valid_id(cid), f"claim {ascii(cid)[:60]}", "a claim ID (upper-case letters and digits joined by '-'): "
                 "text a terminal would obey (a newline, an ANSI escape) is no claim")
         where = f"claim {cid}"
         _conform(claim, ClaimEntry, where)
@@ -378,7 +378,7 @@ def upgrade(record: RunRecord) -> RunRecord:
         _expect(first is None or isinstance(first, dict), f"claim {cid}: 'erratum'", "an object or null")
         claim.setdefault("errata", [first] if first else [])
         for r in claim.get("results", []):
-            if r["verdict"] == registry.NOT_RUN and str(r.get("reason", "")).startswith(SCHEMA_1_ERROR_PREFIX):
+            if r["verdict"] == vocabulary.NOT_RUN and str(r.get("reason", "")).startswith(SCHEMA_1_ERROR_PREFIX):
                 r["harness_error"] = True
     return record
 

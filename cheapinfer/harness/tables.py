@@ -4,22 +4,18 @@ and a machine's label (used by the errata report, the matrix, ``compare``, ``mer
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Any
 
 from ..runtime.memory import gib
 from . import registry
-from .registry import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS, fmt
+from .numbers import value_text
 from .schema import CheckResult, ClaimEntry, RunRecord
+from .vocabulary import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, VERDICTS
 
 #: A verdict in a report's words; a stand-in's or twin's verdict says so first, so that nobody reads it as the book's digits confirmed.
 BADGE = {REPRODUCED: "reproduced", SHAPE_HOLDS: "stand-in: shape holds, book digits not run", ERRATUM: "erratum (confirmed)", INCONCLUSIVE: "inconclusive",
           DEVIATES: "**DEVIATES**", NOT_RUN: "not run", NO_TEST: "no test yet"}
-
-
-def value_text(v: Any) -> str:
-    return fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v)
 
 
 #: The summary table's column for a verdict, where the verdict's own name could be misread.

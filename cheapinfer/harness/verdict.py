@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from . import registry, registry_fields
+from .numbers import fmt, is_number, margin_text
+from .vocabulary import DEVIATES, ERRATUM, INCONCLUSIVE, REPRODUCED, SHAPE_HOLDS
 
 
 @dataclass
@@ -31,7 +33,7 @@ class Outcome:
 
     def message(self, claim: registry.Claim) -> str:
         return (
-            f"{claim.id} {self.check.q}: measured {registry.fmt(self.measured)}, expected "
+            f"{claim.id} {self.check.q}: measured {fmt(self.measured)}, expected "
             f"{self.check.describe(claim.book)}{f' at the median of {self.check.draws} seeded draws' if self.check.draws else ''} ({self.check.why})"
         )
 
@@ -63,7 +65,7 @@ class Judgement:
         claim = self.claim
         out = [o.message(claim) for o in self.failures if not o.documented]
         out += [
-            f"{claim.id} {o.check.q}: documented erratum no longer holds: measured {registry.fmt(o.measured)} now meets "
+            f"{claim.id} {o.check.q}: documented erratum no longer holds: measured {fmt(o.measured)} now meets "
             f"{o.check.describe(claim.book)}; revise the registry's erratum entry"
             for o in self.stale
         ]
@@ -77,13 +79,13 @@ class Judgement:
                 out.append(f"{claim.id} {o.check.q}: this device cannot measure it: {measured.get(o.check.q + '_why') or 'see the measured values'}; "
                            "measure on a device where it can")
             elif o.check.searched:
-                ranges = "; ".join(f"{k} = {registry.fmt(v)}" for k, v in measured.items() if "searched" in k) or "see the measured values"
+                ranges = "; ".join(f"{k} = {fmt(v)}" for k, v in measured.items() if "searched" in k) or "see the measured values"
                 out.append(f"{claim.id} {o.check.q}: not found in the range this device could afford ({ranges}); "
                            "search further on a device with more memory or time")
             else:
                 margin = abs(o.measured - o.target) / o.se if o.se else math.inf
-                out.append(f"{claim.id} {o.check.q}: measured {registry.fmt(o.measured)} +- {registry.fmt(o.se)} ({registry.NOISE_WORDS[o.check.noise]}), "
-                           f"expected {o.check.describe(claim.book)}: the margin is {registry.margin_text(margin)} standard errors, fewer than the "
+                out.append(f"{claim.id} {o.check.q}: measured {fmt(o.measured)} +- {fmt(o.se)} ({registry.NOISE_WORDS[o.check.noise]}), "
+                           f"expected {o.check.describe(claim.book)}: the margin is {margin_text(margin)} standard errors, fewer than the "
                            f"{registry.NOISE_SIGMAS:g} needed to decide; measure on a quieter machine or with more rounds")
         return out
 
@@ -99,7 +101,7 @@ def _non_finite(value: Any) -> bool:
 
 
 def _compare(op: str, measured: Any, target: Any) -> bool:
-    if isinstance(target, bool) != isinstance(measured, bool) or (registry.is_number(target) and not registry.is_number(measured)):
+    if isinstance(target, bool) != isinstance(measured, bool) or (is_number(target) and not is_number(measured)):
         return False  # True == 1 in Python; a boolean claim needs a boolean measurement
     try:
         return bool(registry.OPS[op](measured, target))
@@ -119,7 +121,7 @@ def _passes(check: registry.Check, measured: Any, target: Any) -> bool:
         return _compare(check.op, measured, target)
     if check.form == "one_of":
         return any(_compare("==", measured, t) for t in target)
-    if not registry.is_number(measured):
+    if not is_number(measured):
         return False
     if check.form == "rel":
         return abs(measured - target) <= check.tol * abs(target)
@@ -134,7 +136,7 @@ def _se(check: registry.Check, measured: Mapping[str, Any]) -> float | None:
     se = measured.get(check.se_key)
     if isinstance(se, str) and se.strip().lower() in ("inf", "+inf", "infinity"):
         return math.inf  # as a JSON record holds it: a noise that could not be estimated (fewer than two rounds)
-    return float(se) if registry.is_number(se) and not math.isnan(se) and se >= 0 else None
+    return float(se) if is_number(se) and not math.isnan(se) and se >= 0 else None
 
 
 def _decided(check: registry.Check, value: Any, target: Any, passed: bool, se: float | None) -> bool:
@@ -145,7 +147,7 @@ def _decided(check: registry.Check, value: Any, target: Any, passed: bool, se: f
         return True  # a physical limit: within the noise it passed (judge), beyond it it failed; either decides
     if check.searched or check.measurable:
         return passed or value is not False  # not found (False) in the range searched, or not measurable here, decides nothing; a missing value fails
-    if check.noise and se is not None and registry.is_number(value) and math.isfinite(value):
+    if check.noise and se is not None and is_number(value) and math.isfinite(value):
         return abs(value - target) >= registry.NOISE_SIGMAS * se
     return True
 
@@ -184,23 +186,23 @@ def judge(claim: registry.Claim, measured: Mapping[str, Any], profile: str, devi
         documented = asserted and check.kind == "digits" and check.q in documents
         passed = _passes(check, value, target) and (not check.draws or registry_fields.distribution_given(check.q, check.draws, measured))
         se = _se(check, measured)
-        if check.limit and not passed and se is not None and registry.is_number(value) and math.isfinite(value):
+        if check.limit and not passed and se is not None and is_number(value) and math.isfinite(value):
             passed = abs(value - target) < registry.NOISE_SIGMAS * se  # at a physical limit within the noise: no evidence beyond it
         outcomes.append(Outcome(check, value, target, passed, asserted, documented, _decided(check, value, target, passed, se), se))
     if not any(o.asserted for o in outcomes):
         raise registry.RegistryError(f"{claim.id}: no check of this claim is asserted on profile {profile!r} ({device})")
-    judged = Judgement(registry.DEVIATES, claim, dict(measured), outcomes, stale=[o for o in outcomes if o.documented and o.passed])
+    judged = Judgement(DEVIATES, claim, dict(measured), outcomes, stale=[o for o in outcomes if o.documented and o.passed])
     failures = judged.failures
     if any(not o.documented for o in failures) or judged.stale:
-        judged.verdict = registry.DEVIATES
+        judged.verdict = DEVIATES
     elif judged.undecided:  # nothing failed that was decided, and something could not be decided
-        judged.verdict = registry.INCONCLUSIVE
+        judged.verdict = INCONCLUSIVE
     elif failures:  # exactly the documented checks fail, and nothing else
-        judged.verdict = registry.ERRATUM
+        judged.verdict = ERRATUM
     elif any(o.asserted and o.check.kind == "digits" for o in outcomes):
-        judged.verdict = registry.REPRODUCED
+        judged.verdict = REPRODUCED
     else:
-        judged.verdict = registry.SHAPE_HOLDS
+        judged.verdict = SHAPE_HOLDS
     return judged
 
 
@@ -227,10 +229,10 @@ def perturb(claim: registry.Claim, measured: Mapping[str, Any]) -> registry.Clai
     for check in claim.checks:
         m = measured.get(check.q)
         if check.kind == "digits" and check.form == "one_of":
-            book[check.q] = [_moved(m, m, 1.0)] if registry.is_number(m) else [f"not {m!r}"]
+            book[check.q] = [_moved(m, m, 1.0)] if is_number(m) else [f"not {m!r}"]
             checks.append(check)
         elif check.kind == "digits" and check.form == "bound":
-            book[check.q] = _beyond(check.op, m) if registry.is_number(m) else f"not {m!r}"
+            book[check.q] = _beyond(check.op, m) if is_number(m) else f"not {m!r}"
             checks.append(check)
         elif check.kind == "digits":
             b = book[check.q]
@@ -261,7 +263,7 @@ def _beyond(op: str, m: float, noise: float = 0.0) -> float:
 
 
 def over_draws(claim: registry.Claim, q: str, values: list[float]) -> dict[str, float]:
-    """What :data:`registry.DRAWS_RULE` judges a seeded quantity on, from its value on each workload (the seeded one and
+    """What :data:`registry_fields.DRAWS_RULE` judges a seeded quantity on, from its value on each workload (the seeded one and
     the draws): the median as ``q``, the 5th and 95th percentiles (inclusive method), how many workloads, and the share
     of them on which the claim's check of ``q`` holds, by the verdict's own comparison."""
     check = next((c for c in claim.checks if c.q == q and c.draws), None)

@@ -4,7 +4,7 @@
     UPDATE_SNAPSHOTS=1 pytest tests/test_report.py  # then re-render errata-snapshot.md from it
 
 The record is made the way a run makes it (``Recorder.verify`` judges hand-written measurements
-against the registry, ``report.build`` assembles the record) but with a fixed environment and run,
+against the registry, ``record.build`` assembles the record) but with a fixed environment and run,
 and keeps a handful of claims that together show every verdict, a regenerated table, a figure
 link, a note, a library warning, a perturbed claim, a candidate erratum, a confirmed erratum, a claim with
 two confirmed errata of two grades, an inconclusive timing with its noise and load, a search that ran out of
@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cheapinfer.harness import errata, registry, report
+from cheapinfer.harness import errata, vocabulary
+from cheapinfer.harness import record as records
 from cheapinfer.harness.record import Recorder
 
 HERE = Path(__file__).resolve().parent
@@ -146,9 +147,9 @@ FAULT_RUN = {
 
 
 def make() -> dict:
-    record = report.build(results(), dict(ENVIRONMENT), dict(RUN), TESTED, faults=FAULTS, fault_run=FAULT_RUN)
+    record = records.build(results(), dict(ENVIRONMENT), dict(RUN), TESTED, faults=FAULTS, fault_run=FAULT_RUN)
     record["claims"] = {cid: c for cid, c in record["claims"].items() if cid in KEPT}
-    record["summary"] = {v: n for v, n in ((v, sum(c["verdict"] == v for c in record["claims"].values())) for v in registry.VERDICTS) if n}
+    record["summary"] = {v: n for v, n in ((v, sum(c["verdict"] == v for c in record["claims"].values())) for v in vocabulary.VERDICTS) if n}
     record["sections"] = {k: t for k, t in record["sections"].items() if any(c["section"] == k for c in record["claims"].values())}
     record["errata"] = errata.candidate_errata(record)
     return record
