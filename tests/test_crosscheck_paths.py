@@ -116,7 +116,7 @@ def test_the_loader_refuses_a_cross_check_or_draws_it_cannot_use(field, value, m
 
 def test_the_loader_refuses_a_cross_check_guarding_no_check_of_its_claim():
     text = '''[X-1]
-section = "Q"
+section = "quantization"
 statement = "s"
 runs_on = ["stand-in"]
 checks = [

@@ -9,7 +9,7 @@ from cheapinfer.faults.core import activate
 from cheapinfer.harness import registry, verdict
 
 CLAIM = registry.parse('''[X-1]
-section = "BAT"
+section = "batching"
 statement = "s"
 book = { ratio = 1.6 }
 runs_on = ["twin"]

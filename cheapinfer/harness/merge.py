@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from . import compare
-from .registry import DEVIATES, NOT_RUN, VERDICTS
+from .registry import DEVIATES, NOT_RUN, VERDICTS, section_key
 from .report import KEY_ENVIRONMENT
 from .schema import ClaimEntry, RunRecord
 from .tables import machine_label, markdown_table
@@ -62,7 +62,7 @@ def merge(records: list[RunRecord], sources: list[str]) -> dict[str, Any]:
     for cid in ids:
         first = next(rec["claims"][cid] for rec in records if cid in rec["claims"])
         claims[cid] = {
-            "section": first["section"],
+            "section": section_key(first["section"]),
             "statement": first["statement"],
             "book": first.get("book", {}),
             "machines": {

@@ -37,8 +37,8 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def section_titles(record: RunRecord) -> dict[str, str]:
-    """Section key -> title, from the record (older records without it: the registry's titles)."""
-    return record.get("sections") or dict(registry.SECTIONS)
+    """Section key -> title, from the record (older records without it: the registry's titles, under old keys too)."""
+    return record.get("sections") or {**registry.SECTIONS, **{old: registry.SECTIONS[new] for old, new in registry.OLD_SECTIONS.items()}}
 
 
 def summary_table(record: RunRecord) -> list[str]:

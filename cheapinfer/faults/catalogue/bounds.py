@@ -26,7 +26,7 @@ def _codes_unrounded_where(chooses):
 
 @fault(
     "q-int8-codes-not-rounded",
-    section="Q",
+    section="quantization",
     kind=DISABLED,
     targets=("Q-ERROR-TABLE",),
     what="the 8-bit schemes' codes are never rounded (a round dropped where the codes are kept in a float dtype), so INT8 gives W back to fp32 precision: an error of about 1e-7, inside the upper bound",
@@ -38,7 +38,7 @@ def _q_int8_codes_not_rounded():
 
 @fault(
     "q-group-codes-not-rounded",
-    section="Q",
+    section="quantization",
     kind=DISABLED,
     targets=("Q-ROW-3.4",),
     what="the INT group schemes' codes are never rounded, so group-128 reconstructs every matrix exactly: the gap it recovers is all of it, and the row over group-128 ratio infinite",
@@ -50,7 +50,7 @@ def _q_group_codes_not_rounded():
 
 @fault(
     "q-central-band-inverted",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-TWO-THREE-LEVELS",),
     what="the ordinary weights' band takes its percentiles in the wrong order (the 99.5th as its lower end, the 0.5th as its upper), so it holds no weight and occupies no level",
@@ -63,7 +63,7 @@ def _q_central_band_inverted():
 
 @fault(
     "roofline-int8-counted-as-nibbles",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-BYTES-SPEED",),
     what="the byte count takes every 8-bit integer tensor for packed 4-bit codes, two to a byte, and counts half its bytes: the int8 step's weights and the 4-bit step's packed codes are both undercounted, which eases every roofline",
@@ -85,7 +85,7 @@ def _roofline_int8_as_nibbles():
 
 @fault(
     "out-levels-count-changes",
-    section="OUT",
+    section="outliers",
     kind=RULE,
     targets=("OUT-ONE-LEVEL",),
     what="the distinct codes of each dimension are counted as the changes between its sorted codes, one fewer than the codes: a dimension on a single code counts 0",
@@ -101,7 +101,7 @@ def _out_levels_count_changes():
 
 @fault(
     "knee-gain-before-over-two-doublings",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("BAT-KNEE",),
     what="the steepest doubling before the knee is read from its batch to the size two doublings on (an index one too far), so the gain reported is two doublings' product, above 2",
@@ -125,7 +125,7 @@ def _knee_gain_before_over_two_doublings():
 
 @fault(
     "spec-target-charged-per-proposal",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-SLOWDOWN", "SPEC-SPEEDUP"),
     what="each proposal is charged a target pass besides its draft pass, E / (gamma (c + 1)) instead of E / (gamma c + 1): every speedup falls, and 'slower' holds all the more",
@@ -137,7 +137,7 @@ def _spec_target_per_proposal():
 
 @fault(
     "live-peak-skips-storages-up-to-a-mib",
-    section="ASIDE",
+    section="asides",
     kind=CONSTANT,
     targets=("FLASH-NO-SCORES",),
     what="the live-tensor peak skips every storage of at most 1 MiB (a threshold meant for the dispatcher's scalars), so an attention call whose output is 1 MiB creates nothing it counts",

@@ -20,7 +20,7 @@ from .common import replaying_steps
 
 @fault(
     "kv-bytes-counts-query-heads",
-    section="KV",
+    section="kv_cache",
     kind=CONSTANT,
     targets=("KV-BYTES-FORMULA", "KV-BYTES-MEASURED", "KV-RESIDENT-ONLY", "KV-MHA-7X", "KV-7B-CACHE"),
     what="the cache-size formula counts the 14 query heads instead of the 2 KV heads (the MHA formula applied to a GQA model)",
@@ -37,7 +37,7 @@ def _kv_bytes_query_heads():
 
 @fault(
     "kv-decode-step-replays-first",
-    section="KV",
+    section="kv_cache",
     kind=RULE,
     targets=("KV-DECODE-MEMBOUND", "KV-DECODE-FLAT", "KV-PREFILL-DECODE"),
     what="the repeatable decode step runs its forward once and replays that result on every later call (a step function cached by its arguments), so the clock times no forward",
@@ -49,7 +49,7 @@ def _kv_decode_step_replays():
 
 @fault(
     "kv-prefill-replays-first",
-    section="KV",
+    section="kv_cache",
     kind=RULE,
     targets=("KV-PREFILL-GROWS", "KV-PREFILL-DECODE"),
     what="the repeatable prefill runs its forward once and replays that result on every later call (a prompt cache keyed by the prompt), so the clock times no prefill after the first",
@@ -61,7 +61,7 @@ def _kv_prefill_replays():
 
 @fault(
     "kv-generation-replayed-from-store",
-    section="KV",
+    section="kv_cache",
     kind=RULE,
     targets=("KV-SPEEDUP-48",),
     what="cached generation keeps a store keyed by its prompt and length (a response cache) and, for a prompt it has seen, streams the stored tokens through its step callback without running the model, so every timed round after the first times a lookup",
@@ -85,7 +85,7 @@ def _kv_generation_replayed():
 
 @fault(
     "kv-decode-ignores-cache",
-    section="KV",
+    section="kv_cache",
     kind=DISABLED,
     targets=("KV-IDENTITY", "KV-SPEEDUP-48", "KV-PREFILL-DECODE", "KV-DECODE-FLAT", "KV-DECODE-MEMBOUND"),
     what="the decode step stops handing its cache to the model (a renamed keyword dropped on the way), so every step sees only its own token: fast, flat in context, and wrong",
@@ -100,7 +100,7 @@ def _kv_decode_ignores_cache():
 
 @fault(
     "kv-cached-generation-recomputes",
-    section="KV",
+    section="kv_cache",
     kind=DISABLED,
     targets=("KV-SPEEDUP-48", "KV-IDENTITY"),
     what="'cached' generation feeds the whole sequence at every step with a fresh cache: the right tokens, at the cost of recomputation",
@@ -122,7 +122,7 @@ def _kv_cached_generation_recomputes():
 
 @fault(
     "kv-forward-keeps-last-logits-only",
-    section="KV",
+    section="kv_cache",
     kind=DISABLED,
     targets=("KV-MEMORY-8.3X",),
     what="a transformers release makes a plain forward keep only the last position's logits (logits_to_keep=1 by default), so the uncached baseline no longer holds the logit row of every position the chapter's naive loop computes",
@@ -137,7 +137,7 @@ def _kv_forward_keeps_last_logits_only():
 
 @fault(
     "kv-breakdown-tags-hidden-state",
-    section="KV",
+    section="kv_cache",
     kind=RULE,
     targets=("KV-MEMORY-8.3X",),
     what="the peak's breakdown hooks the model's last norm for the logits (the hidden state the head reads, one module early), so the bytes it calls logits are the 896-wide hidden rows, not the 151,936-wide logit rows",
@@ -149,7 +149,7 @@ def _kv_breakdown_tags_hidden_state():
 
 @fault(
     "kv-uncached-reuses-cache",
-    section="KV",
+    section="kv_cache",
     kind=DISABLED,
     targets=("KV-MEMORY-8.3X",),
     what="the 'uncached' baseline keeps the cache of its previous step and feeds only the new token, so it is a cached generation under another name",
@@ -172,7 +172,7 @@ def _kv_uncached_reuses_cache():
 
 @fault(
     "kv-head-cached-scores-every-query",
-    section="KV",
+    section="kv_cache",
     kind=DISABLED,
     targets=("KV-HEAD-TIMING", "KV-SCORES-BYTES"),
     what="the cached head step projects and scores every query instead of the new token's (the query is not sliced to the last row), then keeps the last row: right output, recompute's cost",
@@ -194,7 +194,7 @@ def _kv_head_cached_scores_every_query():
 
 @fault(
     "kv-macs-attention-counts-kv-heads",
-    section="KV",
+    section="kv_cache",
     kind=CONSTANT,
     targets=("KV-MACS",),
     what="the closed form's attention MACs per query-key pair count the 2 KV heads instead of the 14 query heads (GQA shares keys, not the work)",
@@ -209,7 +209,7 @@ def _kv_macs_attention_kv_heads():
 
 @fault(
     "kv-measured-bytes-keys-only",
-    section="KV",
+    section="kv_cache",
     kind=RULE,
     targets=("KV-BYTES-MEASURED", "KV-RESIDENT-ONLY", "KV-MHA-7X", "KV-7B-CACHE"),
     what="the cache-tensor walk collects only each layer's keys, not its values (the measured cache is half its size)",
@@ -226,7 +226,7 @@ def _kv_measured_bytes_keys_only():
 
 @fault(
     "bandwidth-probe-sized-in-kib",
-    section="KV",
+    section="kv_cache",
     kind=CONSTANT,
     targets=("KV-DECODE-MEMBOUND", "Q-BYTES-SPEED"),
     what="the memory-bandwidth probes are sized in KiB where bytes were meant (512 KiB instead of 512 MiB), so the copy and the read stay "
@@ -240,7 +240,7 @@ def _bandwidth_probe_sized_in_kib():
 
 @fault(
     "kv-prefill-feeds-last-token",
-    section="KV",
+    section="kv_cache",
     kind=RULE,
     targets=("KV-PREFILL-GROWS",),
     what="the timed prefill slices the prompt to its last token (ids[:, -1:], the decode-step slice), so time to first token no longer depends on the prompt",
@@ -255,7 +255,7 @@ def _kv_prefill_last_token():
 
 @fault(
     "kv-listing-cache-alias-dropped",
-    section="KV",
+    section="kv_cache",
     kind=DISABLED,
     targets=("KV-API",),
     what="a transformers regression: the output's `past_key_values` alias silently returns None, so the listing as printed feeds back no cache",
@@ -274,7 +274,7 @@ def _kv_listing_alias_dropped():
 
 @fault(
     "kv-listing-deaf-to-logged-deprecations",
-    section="KV",
+    section="kv_cache",
     kind=RULE,
     targets=("KV-API",),
     what="the deprecation collector listens to Python's warnings only, not to transformers' logger.warning_once, so a cache keyword that transformers deprecates through its logger looks current",
@@ -294,7 +294,7 @@ def _kv_listing_deaf_to_logged():
 
 @fault(
     "flash-fused-drops-causal-mask",
-    section="ASIDE",
+    section="asides",
     kind=RULE,
     targets=("FLASH-NO-SCORES",),
     what="the fused attention call forgets is_causal, so it attends to future positions: not the same function as the explicit path",
@@ -311,7 +311,7 @@ def _flash_drops_causal():
 
 @fault(
     "flash-fused-explicit-mask",
-    section="ASIDE",
+    section="asides",
     kind=DISABLED,
     targets=("FLASH-NO-SCORES",),
     what="the fused attention call builds an n x n boolean causal mask and passes attn_mask= instead of is_causal=True: the same function, but the mask is a quarter of the fp32 scores and the flash kernel cannot take it",

@@ -18,7 +18,7 @@ from .common import replaying_first
 
 @fault(
     "q-sizes-in-gib",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-SIZES",),
     what="model sizes computed in binary GiB (2^30 B) while the chapter's GB are decimal (10^9 B)",
@@ -48,7 +48,7 @@ def _schemes_parsed_as(change):
 
 @fault(
     "q-absmax-scale-over-2-pow-b-1",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-ABSMAX",),
     what="the absmax scale divides by 2^(b-1) (128 at 8 bits) instead of qmax = 2^(b-1) - 1, so the largest weight lands beyond qmax and is clamped",
@@ -60,7 +60,7 @@ def _q_absmax_over_128():
 
 @fault(
     "q-absmax-signed-max",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-ABSMAX",),
     what="the scale is taken from W.max() instead of W.abs().max(): a matrix whose largest magnitude is negative gets a too small (or negative) scale",
@@ -84,7 +84,7 @@ def _listing_clamped(clamp):
 
 @fault(
     "q-absmax-clamp-dropped",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-ABSMAX",),
     what="the listing's clamp is left out (it looks dead, since the scale maps the largest weight to qmax): a bf16 weight whose W / scale rounds to qmax + 1/2 gets the code qmax + 1, 128 at 8 bits, which an int8 cast wraps to -128",
@@ -96,7 +96,7 @@ def _q_absmax_clamp_dropped():
 
 @fault(
     "q-absmax-clamp-symmetric",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-ABSMAX",),
     what="the listing clamps to [-qmax, qmax] (LLM.int8()'s symmetric range) instead of the printed [-qmax - 1, qmax]: the bf16 weights whose W / scale rounds to -(qmax + 1/2) lose the code -128",
@@ -108,7 +108,7 @@ def _q_absmax_clamp_symmetric():
 
 @fault(
     "q-suite-rounds-half-away",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-ABSMAX",),
     what="the suite's quantizer rounds halves away from zero (C's roundf, gguf's rule) instead of the chapter's torch.round",
@@ -120,7 +120,7 @@ def _q_suite_rounds_half_away():
 
 @fault(
     "q-group-64-for-128",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-BITS-G128",),
     what="a group-128 scheme quantizes with groups of 64 (a default block size that overrides the one asked for)",
@@ -132,7 +132,7 @@ def _q_group_64_for_128():
 
 @fault(
     "q-scales-stored-fp32",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-BITS-G128",),
     what="scales are stored in fp32 instead of fp16 (bitsandbytes' absmax dtype), 32 instead of 16 bits per group",
@@ -144,7 +144,7 @@ def _q_scales_fp32():
 
 @fault(
     "q-nf4-uniform-levels",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-NF4",),
     what="the NF4 codebook is 16 evenly spaced levels over [-1, 1] instead of the normal quantiles",
@@ -156,7 +156,7 @@ def _q_nf4_uniform():
 
 @fault(
     "q-row-scales-per-tensor",
-    section="Q",
+    section="quantization",
     kind=DISABLED,
     targets=("Q-ROW-3.4", "Q-ABSMAX"),
     what="per-row scaling silently falls back to one scale per tensor",
@@ -168,7 +168,7 @@ def _q_row_per_tensor():
 
 @fault(
     "q-tensor-scales-per-row",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-TWO-THREE-LEVELS", "Q-ERROR-TABLE"),
     what="a per-tensor scheme silently takes one scale per row (an axis mix-up in the absmax), hiding the collapse",
@@ -180,7 +180,7 @@ def _q_tensor_per_row():
 
 @fault(
     "q-count-includes-biases",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-COUNT",),
     what="the projection filter matches every '*_proj.*' parameter, so the q, k, v biases count as matrices",
@@ -194,7 +194,7 @@ def _q_count_biases():
 
 @fault(
     "q-tail-expectation-one-tailed",
-    section="Q",
+    section="quantization",
     kind=STATISTIC,
     targets=("Q-DOWNPROJ-STATS",),
     what="a normal tail's expected count beyond k sigma takes one tail (sf(k)) for |w|'s two, so every matrix's excess over a normal tail doubles",
@@ -208,7 +208,7 @@ def _q_tail_one_tailed():
 
 @fault(
     "q-row-scales-from-transposed-view",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-ROW-3.4",),
     what="per-row scales are taken from the rows of the transposed weight's memory viewed as [out, in] (W.T.reshape(out, in)): each row's scale is the largest |w| of other weights, along the wrong axis",
@@ -227,7 +227,7 @@ def _q_row_scales_transposed():
 
 @fault(
     "formats-bnb-absmax-in-16-bits",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-NF4",),
     what="the NF4 storage is measured on a QuantState whose fp32 absmax was cast to fp16 (the chapter's 16-bit assumption) before it is counted and written: the library's own layout is no longer what is measured",
@@ -247,7 +247,7 @@ def _formats_bnb_absmax_16():
 
 @fault(
     "formats-bnb-count-misses-absmax",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-NF4",),
     what="the count of the bytes bitsandbytes holds leaves out the absmax of each block (codes and code books only)",
@@ -264,7 +264,7 @@ def _formats_bnb_count_misses_absmax():
 
 @fault(
     "formats-bnb-double-quant-flag-dropped",
-    section="Q",
+    section="quantization",
     kind=DISABLED,
     targets=("Q-NF4",),
     what="the double-quantization flag never reaches bitsandbytes' quantize_4bit (a renamed keyword), so the 'double quant' layout is the plain one with fp32 absmax",
@@ -277,7 +277,7 @@ def _formats_bnb_double_quant_dropped():
 
 @fault(
     "q-listing-codes-cast-to-int8",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-ABSMAX",),
     what="the chapter's absmax listing is run with its codes cast to int8 (a silent fix of the listing): what is measured is no longer the listing as printed",
@@ -295,7 +295,7 @@ def _q_listing_cast():
 
 @fault(
     "q-tail-share-as-fraction",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-DOWNPROJ-STATS",),
     what="the share of weights beyond six standard deviations is given as a fraction where the listing prints a percentage (100 times too small)",
@@ -312,7 +312,7 @@ def _q_tail_share_fraction():
 
 @fault(
     "q-std-is-frobenius-norm",
-    section="Q",
+    section="quantization",
     kind=STATISTIC,
     targets=("Q-DOWNPROJ-STATS",),
     what="the spread of a matrix is its Frobenius norm instead of its standard deviation (sqrt(n) times too large)",
@@ -324,7 +324,7 @@ def _q_std_norm():
 
 @fault(
     "lowbit-left-in-16bit",
-    section="Q",
+    section="quantization",
     kind=DISABLED,
     targets=("Q-BYTES-SPEED",),
     what="the quantized copy is silently left in 16 bits (a quantization call that matched no layer): same bytes, same speed",
@@ -339,7 +339,7 @@ def _lowbit_left_in_16bit():
 
 @fault(
     "lowbit-int8-dequantizes-every-call",
-    section="Q",
+    section="quantization",
     kind=DISABLED,
     targets=("Q-BYTES-SPEED",),
     what="the int8 layer dequantizes its whole weight to the activation dtype on every call and runs a dense product, instead of the kernel that reads the codes",
@@ -355,7 +355,7 @@ def _lowbit_dequantize_every_call():
 
 @fault(
     "lowbit-step-replays-first",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-BYTES-SPEED",),
     what="the low-bit copies' decode step runs its forward once and replays that result on every later call (a step cached by its arguments: "
@@ -380,7 +380,7 @@ def _lowbit_step_replays():
 
 @fault(
     "q-codes-rounded-up",
-    section="Q",
+    section="quantization",
     kind=RULE,
     targets=("Q-ERROR-TABLE",),
     what="the quantizer rounds codes up (torch.ceil for torch.round): no longer to the nearest level, so a weight can err by more than itself",
@@ -393,7 +393,7 @@ def _q_codes_rounded_up():
 
 @fault(
     "q-int-group-size-ignored",
-    section="Q",
+    section="quantization",
     kind=CONSTANT,
     targets=("Q-NF4",),
     what="an INT group scheme ignores the group size in its name and quantizes with the default groups of 128 (int4-g64 runs as int4-g128)",
@@ -418,7 +418,7 @@ _real_scale_ratios = quant_error.scale_ratios
 
 @fault(
     "q-absmax-kept-beside-the-table",
-    section="Q",
+    section="quantization",
     kind=STATISTIC,
     targets=("Q-ROW-3.4",),
     what="the per-row and per-group absmax cross-check is computed on a fresh quantizer call beside the error table it vouches for, not off the table's own reconstruction",

@@ -32,7 +32,7 @@ def _spec_passes_misspelled(which: str):
 
 @fault(
     "spec-verify-pass-replays-first",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-VERIFY-COST",),
     what="each repeatable verification pass runs its forward once and replays that result on every later call (a pass cached by its arguments), so the clock times no pass at any width",
@@ -49,7 +49,7 @@ def _spec_verify_replays():
 
 @fault(
     "spec-plain-generation-replayed-from-store",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-REAL-SLOWDOWN",),
     what="plain greedy generation (no draft) keeps a store keyed by its model, prompt and length (a response cache) and returns the stored run for a prompt it has seen without running the model, so every timed round of the baseline after the first times a lookup and speculation looks slower than ever",
@@ -71,7 +71,7 @@ def _spec_plain_generation_replayed():
 
 @fault(
     "spec-target-cache-keyword-dropped",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-VERIFY-COST", "SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
     what="the target's verification pass hands its cache over under a keyword the model swallows: each pass scores the proposals without the sequence before them",
@@ -90,7 +90,7 @@ def _spec_target_cache_dropped():
 
 @fault(
     "spec-draft-cache-keyword-dropped",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
     what="the draft's passes hand its cache over under a keyword the model swallows: the draft proposes from its last token alone, the target still verifies, so every emitted token stays the target's",
@@ -102,7 +102,7 @@ def _spec_draft_cache_dropped():
 
 @fault(
     "spec-accept-q-over-p",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-EXACT-SAMPLING",),
     what="the acceptance rule is written min(1, q(x) / p(x)) instead of min(1, p(x) / q(x))",
@@ -116,7 +116,7 @@ def _spec_accept_q_over_p():
 
 @fault(
     "spec-residual-not-normalised",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-EXACT-SAMPLING",),
     what="the residual distribution max(0, p - q) is used without renormalising it",
@@ -128,7 +128,7 @@ def _spec_residual_not_normalised():
 
 @fault(
     "spec-greedy-keeps-draft-token",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-EXACT-GREEDY",),
     what="on the first mismatch the greedy loop keeps the draft's token instead of the target's correction",
@@ -146,7 +146,7 @@ def _spec_greedy_keeps_draft_token():
 
 @fault(
     "spec-greedy-drops-target-token",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-ALPHA", "SPEC-SLOWDOWN"),
     what="after accepted proposals the greedy loop drops the target's own token (the correction or the bonus) and lets the next pass find it again: the emitted tokens stay the target's, each pass keeps one token fewer",
@@ -164,7 +164,7 @@ def _spec_greedy_drops_target_token():
 
 @fault(
     "spec-alpha-over-proposed",
-    section="SPEC",
+    section="speculative",
     kind=STATISTIC,
     targets=("SPEC-ALPHA",),
     what="the acceptance rate divides the accepted proposals by all proposed ones, counting the proposals after a rejection (never judged) as rejected",
@@ -180,7 +180,7 @@ def _spec_alpha_over_proposed():
 
 @fault(
     "spec-expected-off-by-one",
-    section="SPEC",
+    section="speculative",
     kind=CONSTANT,
     targets=("SPEC-EXPECTED", "SPEC-SPEEDUP", "SPEC-SLOWDOWN"),
     what="the expected tokens per pass sum gamma terms, (1 - a^gamma) / (1 - a), forgetting the target's own token",
@@ -195,7 +195,7 @@ def _spec_expected_off_by_one():
 
 @fault(
     "spec-kept-tokens-at-the-passes-count",
-    section="SPEC",
+    section="speculative",
     kind=CONSTANT,
     targets=("SPEC-SLOWDOWN",),
     what="the slowdown's kept tokens, their check against the loop's rule and its speedup are computed at gamma = the printed passes ('vijf', five) instead of the draft length passes - 1, while the loop runs at four: 1.4275 tokens, which rounds to the printed 1,4 as 1.4251 does",
@@ -208,7 +208,7 @@ def _spec_kept_tokens_at_the_passes_count():
 
 @fault(
     "spec-draft-cost-per-pass",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-SPEEDUP", "SPEC-SLOWDOWN", "SPEC-GAMMA8"),
     what="the draft's cost is charged once per verification pass instead of once per proposed token: E / (c + 1) instead of E / (gamma c + 1)",
@@ -220,7 +220,7 @@ def _spec_draft_cost_per_pass():
 
 @fault(
     "spec-verify-pass-keeps-what-it-fed",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-VERIFY-COST",),
     what="the repeatable verification pass forgets to crop its cache back after scoring, so every call scores its positions after a longer history than the context it names",
@@ -232,7 +232,7 @@ def _spec_verify_pass_keeps_what_it_fed():
 
 @fault(
     "spec-verify-one-position-at-a-time",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-VERIFY-COST", "SPEC-SLOWDOWN"),
     what="the verification pass feeds the proposed positions one at a time (a loop of single-position passes) instead of one pass over all of them",
@@ -251,7 +251,7 @@ def _spec_verify_one_position_at_a_time():
 
 @fault(
     "spec-draft-catch-up-forward",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-SLOWDOWN",),
     what="after its last proposal the draft runs one forward more, outside the loop's pass counter, to put that proposal into its own cache before the target verifies (a catch-up pass the crop then throws away): every pass costs gamma + 2 forwards",
@@ -280,7 +280,7 @@ def _spec_draft_catch_up_forward():
 
 @fault(
     "spec-draft-dropped",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-REAL-SLOWDOWN",),
     what="the speculative generator drops the draft it is given and silently decodes plainly",
@@ -297,7 +297,7 @@ def _spec_draft_dropped():
 
 @fault(
     "dist-temperature-after-softmax",
-    section="DIST",
+    section="distillation",
     kind=RULE,
     targets=("DIST-TEMPERATURE",),
     what="the temperature divides the probabilities after the softmax instead of the logits before it",
@@ -311,7 +311,7 @@ def _dist_temperature_after_softmax():
 
 @fault(
     "dist-softmax-unnormalised",
-    section="DIST",
+    section="distillation",
     kind=RULE,
     targets=("DIST-TEMPERATURE",),
     what="the tempered distribution is the exponentials of the shifted logits, exp(z / T - max), without the softmax's division by their sum (a sampler's weights, which torch.multinomial would normalise itself): every ratio, and so every printed ratio, is unchanged",
@@ -329,7 +329,7 @@ def _sampler_weights(logits, temperature=1.0):
 
 @fault(
     "dist-hard-label",
-    section="DIST",
+    section="distillation",
     kind=RULE,
     targets=("DIST-MILK",),
     what="the teacher's label is its argmax token (one-hot), as when a distillation pipeline trains on the teacher's generated text instead of its distribution",
@@ -346,7 +346,7 @@ def _dist_hard_label():
 
 @fault(
     "dist-prompt-ends-in-eos",
-    section="DIST",
+    section="distillation",
     kind=RULE,
     targets=("DIST-MILK", "DIST-TEMPERATURE"),
     what="the prompt is tokenized with an end-of-sequence id appended (a tokenizer loaded with add_eos_token), so the soft label read is the distribution after EOS, not after 'into the'",
@@ -368,7 +368,7 @@ def _dist_prompt_ends_in_eos():
 
 @fault(
     "cache-crop-does-nothing",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-VERIFY-COST", "KV-PREFILL-DECODE", "KV-DECODE-FLAT", "KV-DECODE-MEMBOUND", "KV-MEMORY-8.3X", "BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "BAT-STATIC-CONT",
              "Q-BYTES-SPEED"),
