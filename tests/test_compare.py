@@ -190,7 +190,7 @@ def test_an_old_record_s_section_keys_are_read_as_the_registry_names_them_now():
     matrix = merge.merge([old, built()], ["old", "new"])
     assert {c["section"] for c in matrix["claims"].values()} <= set(registry.SECTIONS)
     assert matrix["claims"]["KV-MEMORY-8.3X"]["section"] == "kv_cache" and matrix["claims"]["Q-NF4"]["section"] == "quantization"
-    assert registry.section_key("kv_cache") == "kv_cache" and registry.section_key("ASIDE") == "asides"
+    assert tables.section_key("kv_cache") == "kv_cache" and tables.section_key("ASIDE") == "asides"
     without = {k: v for k, v in old.items() if k != "sections"}
     rows = [line for line in tables.summary_table(without) if line.startswith("| 1. KV cache")]
     assert rows and rows == [line for line in tables.summary_table(old) if line.startswith("| 1. KV cache")]

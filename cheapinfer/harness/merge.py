@@ -10,10 +10,10 @@ from collections import Counter
 from typing import Any
 
 from . import compare
-from .registry import DEVIATES, NOT_RUN, VERDICTS, section_key
+from .registry import DEVIATES, NOT_RUN, VERDICTS
 from .report import KEY_ENVIRONMENT
 from .schema import ClaimEntry, RunRecord
-from .tables import machine_label, markdown_table
+from .tables import machine_label, markdown_table, section_key
 
 # ----------------------------------------------------------------------------------------------
 # merge

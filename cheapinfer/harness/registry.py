@@ -82,30 +82,11 @@ NOISE_KINDS = ("rounds", "steps")
 NOISE_WORDS = {"rounds": "standard error over the rounds", "steps": "standard error from the run's step-time noise"}
 
 PROFILES = ("arithmetic", "twin", "stand-in", "book")
-#: The chapter's sections by their one name, which is also that of ``claims/test_<section>.py``, ``chapter/<section>/`` and
-#: ``faults/catalogue/<section>.py`` (tests/test_layout.py holds them to it), and their titles.
-SECTIONS = {
-    "kv_cache": "1. KV cache",
-    "batching": "2. Batching",
-    "quantization": "3. Weight quantization",
-    "outliers": "4. Activation outliers",
-    "evaluation": "5. Does quantization hurt?",
-    "speculative": "6. Speculative decoding",
-    "distillation": "7. Distillation",
-    "budget": "8. The budget",
-    "asides": "9. Asides",
-}
-#: The keys records written before the sections had one name carry (run.json's ``section`` and ``sections``): read
-#: through :func:`section_key`, so that an old record merges with a new one section by section.
-OLD_SECTIONS = {"KV": "kv_cache", "BAT": "batching", "Q": "quantization", "OUT": "outliers", "EVAL": "evaluation",
-                "SPEC": "speculative", "DIST": "distillation", "BUD": "budget", "ASIDE": "asides"}
-
-
-def section_key(key: str) -> str:
-    """A record's section key as the registry names it now (an old record's ``KV`` is ``kv_cache``); others unchanged."""
-    return OLD_SECTIONS.get(key, key)
-
-
+#: The chapter's sections by their one name, also that of claims/test_<section>.py, chapter/<section>/ and
+#: faults/catalogue/<section>.py (tests/test_layout.py), and their titles. Old records' keys: tables.section_key.
+SECTIONS = {"kv_cache": "1. KV cache", "batching": "2. Batching", "quantization": "3. Weight quantization", "outliers": "4. Activation outliers",
+            "evaluation": "5. Does quantization hurt?", "speculative": "6. Speculative decoding", "distillation": "7. Distillation",
+            "budget": "8. The budget", "asides": "9. Asides"}
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
 _FORMS = ("exact", "rel", "abs", "bound", "one_of")
 SOURCE_KINDS = ("printed", "reading", "derived")
