@@ -1,7 +1,7 @@
 """Section 2 of the chapter: batching, continuous batching and the paged KV cache.
 
 The batch curve and the serving models are fixtures (``fixtures/batch_curve.py``); the setting the claims share and
-the curve's quantities are :mod:`cheapinfer.chapter.batch_curve`.
+the curve's quantities are :mod:`cheapinfer.chapter.batching.batch_curve`.
 """
 
 import math
@@ -9,8 +9,9 @@ import statistics
 
 import pytest
 
-from cheapinfer.chapter import batching, knee, kv, paged_scheduler, scheduler, workload
-from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving
+from cheapinfer.chapter.batching import batching, knee, paged_scheduler, scheduler, workload
+from cheapinfer.chapter.batching.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving
+from cheapinfer.chapter.kv_cache import kv
 from cheapinfer.harness import registry, verdict
 from cheapinfer.harness.registry import NOISE_SIGMAS
 from cheapinfer.runtime import accel, evidence, models, plots, roofline, timing

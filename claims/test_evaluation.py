@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from cheapinfer.chapter import battery, evaluation, independence, perplexity
+from cheapinfer.chapter import stats
+from cheapinfer.chapter.evaluation import battery, evaluation, perplexity
 from cheapinfer.runtime import rounding
 from cheapinfer.testing import on_profiles
 
@@ -90,7 +91,7 @@ def test_per_tensor_int8_costs_half_a_point_and_no_answers(claim, profile, evalu
     """EVAL-INT8-TENSOR: "one scale per matrix costs 0.5 perplexity points and no answers in the battery"."""
     table = evaluation_table(profile)
     ref, t8 = table["reference"], table["int8-tensor"]
-    change = battery.mcnemar_exact(ref.battery.correct, t8.battery.correct)
+    change = stats.mcnemar_exact(ref.battery.correct, t8.battery.correct)
     claim.verify(
         profile.name,
         ppl_cost=t8.ppl - ref.ppl,
@@ -141,9 +142,9 @@ def test_one_question_in_sixteen_distinguishes_nothing(claim, profile, evaluatio
     question, and the confidence interval of chapter 4 says that one question in sixteen distinguishes nothing"."""
     table = evaluation_table(profile)
     nf4, g128 = table["nf4"], table["int4-g128"]
-    res = battery.resolution(nf4.battery.n)
-    change = battery.mcnemar_exact(g128.battery.correct, nf4.battery.correct)
-    off = battery.mcnemar_exact(g128.battery_no_penalty.correct, nf4.battery_no_penalty.correct)
+    res = stats.resolution(nf4.battery.n)
+    change = stats.mcnemar_exact(g128.battery.correct, nf4.battery.correct)
+    off = stats.mcnemar_exact(g128.battery_no_penalty.correct, nf4.battery_no_penalty.correct)
     stock_order = (nf4.battery.score > g128.battery.score) - (nf4.battery.score < g128.battery.score)
     off_order = (nf4.battery_no_penalty.score > g128.battery_no_penalty.score) - (nf4.battery_no_penalty.score < g128.battery_no_penalty.score)
     if table.stock_penalty == 1.0:
@@ -158,9 +159,9 @@ def test_one_question_in_sixteen_distinguishes_nothing(claim, profile, evaluatio
         nf4_lost_vs_g128=change.lost,
         nf4_gained_vs_g128=change.gained,
         battery_change_p=change.p_value,
-        battery_intervals_overlap=battery.intervals_overlap(nf4.battery.score, g128.battery.score, nf4.battery.n),
-        interval_nf4=[round(v, 3) for v in battery.binomial_interval(nf4.battery.score, nf4.battery.n)],
-        interval_g128=[round(v, 3) for v in battery.binomial_interval(g128.battery.score, g128.battery.n)],
+        battery_intervals_overlap=stats.intervals_overlap(nf4.battery.score, g128.battery.score, nf4.battery.n),
+        interval_nf4=[round(v, 3) for v in stats.binomial_interval(nf4.battery.score, nf4.battery.n)],
+        interval_g128=[round(v, 3) for v in stats.binomial_interval(g128.battery.score, g128.battery.n)],
         rows_swap_without_penalty=stock_order != 0 and off_order == -stock_order,
         battery_change_p_without_penalty=off.p_value,
         battery_no_penalty_nf4=nf4.battery_no_penalty.score,
@@ -168,7 +169,7 @@ def test_one_question_in_sixteen_distinguishes_nothing(claim, profile, evaluatio
     )
 
 
-def _resolution(res: battery.Resolution) -> dict:
+def _resolution(res: stats.Resolution) -> dict:
     return {
         "questions": res.n,
         "interval_coverage": res.interval_coverage,
@@ -189,15 +190,15 @@ def test_agreement_orders_schemes_like_perplexity(claim, profile, evaluation_tab
     claim.note("The reference teacher-forced on its own greedy tokens chose every one again." if not judged else
                "Where the reference teacher-forced on its own greedy tokens chose another: " + "; ".join(judged))
     outcomes = {s: table[s].matches for s in schemes if s != "reference"}
-    serial = independence.serial_dependence([seq for seqs in outcomes.values() for seq in seqs])
-    clustered = {s: independence.design_effect(seqs) for s, seqs in outcomes.items()}
+    serial = stats.serial_dependence([seq for seqs in outcomes.values() for seq in seqs])
+    clustered = {s: stats.design_effect(seqs) for s, seqs in outcomes.items()}
     claim.table("Are the positions independent? Per scheme: disagreements per prompt, and the intra-prompt correlation (ANOVA) with its design effect",
                 ["scheme", "disagreements per prompt", "intra-prompt correlation", "design effect", "effective positions"],
                 [[s, " / ".join(str(sum(not x for x in seq)) for seq in outcomes[s]), f"{d.icc:+.3f}", f"{d.design_effect:.2f}", f"{d.effective_n:.0f}"]
                  for s, d in clustered.items()])
     claim.note(f"Serial dependence: {serial.observed} adjacent positions both disagree over the {len(outcomes)} quantized schemes' prompts, "
                f"{serial.expected:.1f} expected if each prompt's outcomes were in random order; permutation p = {serial.p:.3g} "
-               f"({serial.rounds:,} seeded shuffles, one-sided, level {independence.LEVEL}). Clustering by prompt is reported only: three prompts "
+               f"({serial.rounds:,} seeded shuffles, one-sided, level {stats.SERIAL_LEVEL}). Clustering by prompt is reported only: three prompts "
                "cannot estimate it well.")
     claim.verify(
         profile.name,

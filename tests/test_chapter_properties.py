@@ -9,9 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cheapinfer import testing
-from cheapinfer.chapter import battery, budget, distill, outliers, paging, quant, workload
-from cheapinfer.chapter import speculative as spec
-from cheapinfer.chapter.budget import GIB, MODELS, TABLE_BITS
+from cheapinfer.chapter.batching import paging, workload
+from cheapinfer.chapter.budget import budget
+from cheapinfer.chapter.budget.budget import GIB, MODELS, TABLE_BITS
+from cheapinfer.chapter.distillation import distill
+from cheapinfer.chapter.evaluation import battery
+from cheapinfer.chapter.outliers import outliers
+from cheapinfer.chapter.quantization import quant
+from cheapinfer.chapter.speculative import speculative as spec
 from cheapinfer.runtime import rounding
 
 alpha_st = st.floats(min_value=0.0, max_value=0.999, allow_nan=False)

@@ -26,7 +26,10 @@ import pytest
 import torch
 from fake_cuda import fake_cuda_tensors
 
-from cheapinfer.chapter import asides, kv, kv_evidence, paging, quant
+from cheapinfer.chapter.asides import asides
+from cheapinfer.chapter.batching import paging
+from cheapinfer.chapter.kv_cache import kv, kv_evidence
+from cheapinfer.chapter.quantization import quant
 from cheapinfer.runtime import accel, hf, rounding
 
 CUDA = torch.device("cuda", 0)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from cheapinfer.chapter import batching, knee
-from cheapinfer.chapter.knee import Budget, Doubling, Plan
+from cheapinfer.chapter.batching import batching, knee
+from cheapinfer.chapter.batching.knee import Budget, Doubling, Plan
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config
 
 THRESHOLD, SIGMAS, ROUNDS = 1.25, 3.0, 5
@@ -188,7 +188,7 @@ def test_every_latency_the_batch_claims_judge_is_the_one_request_latency_defines
     """BAT-1-TO-16's latency gain and every doubling's latency read a request's wait from batching.request_latency,
     the one definition (the whole step). Counted per token (step / batch), BAT-1-TO-16's gain from 1 to 16 falls
     below 1 and fails its check: before, that check divided the step times itself and could not see it."""
-    from cheapinfer.chapter import batch_curve
+    from cheapinfer.chapter.batching import batch_curve
 
     steps = {b: 0.010 * (1 + b / 16) for b in (1, 2, 4, 8, 16)}  # a memory-bound step: 16 rows cost twice one
     quantities = batch_curve.curve_quantities(sorted(steps), ("BAT-1-TO-16", "BAT-KNEE"))

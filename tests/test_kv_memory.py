@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from cheapinfer.chapter import kv, kv_macs, kv_memory
+from cheapinfer.chapter.kv_cache import kv, kv_macs, kv_memory
 from cheapinfer.faults import core as runner
 from cheapinfer.harness import registry
 

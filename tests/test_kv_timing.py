@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cheapinfer.chapter import kv
+from cheapinfer.chapter.kv_cache import kv
 from cheapinfer.runtime import evidence, timing
 from cheapinfer.runtime.timing import Samples
 

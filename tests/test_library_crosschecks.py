@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cheapinfer.chapter import quant
+from cheapinfer.chapter.quantization import quant
 from cheapinfer.runtime import rounding
 
 U32, U16 = rounding.unit_roundoff(torch.float32), rounding.unit_roundoff(torch.float16)  # 2^-24, 2^-11

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cheapinfer.chapter import lowbit, quant
+from cheapinfer.chapter.quantization import lowbit, quant
 from cheapinfer.runtime import corpus, hf, rounding
 
 PPL_TOKENS = 256  # one window: a few hundred corpus tokens keep this test at seconds

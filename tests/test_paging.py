@@ -15,7 +15,8 @@ Two checks, each with its own derivation:
 import pytest
 import torch
 
-from cheapinfer.chapter import kv, paging
+from cheapinfer.chapter.batching import paging
+from cheapinfer.chapter.kv_cache import kv
 from cheapinfer.runtime import hf, rounding, timing
 
 NEW_TOKENS = 8
@@ -101,7 +102,8 @@ def test_rows_of_different_lengths_refuse_a_multi_token_forward():
 def test_teacher_forcing_finds_the_one_token_a_batch_got_wrong():
     """Every request's tokens against the model's own choice after each prefix: equal for the model's own greedy
     tokens; a token the model would not choose, far from a near-tie, is a difference at its position."""
-    from cheapinfer.chapter import kv_macs, paged_scheduler
+    from cheapinfer.chapter.batching import paged_scheduler
+    from cheapinfer.chapter.kv_cache import kv_macs
 
     torch.manual_seed(0)
     model = kv_macs.tiny_model(kv_macs.tiny_arch()).eval()

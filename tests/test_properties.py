@@ -13,7 +13,9 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cheapinfer.chapter import kv_macs, paging, scheduler, speculative, workload
+from cheapinfer.chapter.batching import paging, scheduler, workload
+from cheapinfer.chapter.kv_cache import kv_macs
+from cheapinfer.chapter.speculative import speculative
 
 PROPERTY = settings(derandomize=True, database=None, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -481,7 +481,7 @@ def test_every_clocked_claim_gives_its_timing_one_bound_per_noisy_quantity(devic
     """The timing spends extra rounds while a noisy check is within its noise (fixtures.profiles.noisy_bounds): one bound
     per quantity, per claim and for the claims the batch curve times together. A limit is decided within its noise
     (it passes there), so it asks for no rounds and may bound a quantity from the other side."""
-    from cheapinfer.chapter.batch_curve import CURVE_CLAIMS
+    from cheapinfer.chapter.batching.batch_curve import CURVE_CLAIMS
     from fixtures.profiles import noisy_bounds
 
     for claim_id in registry.load():

@@ -4,7 +4,7 @@ the record. Tested here on a few draws, without a model."""
 
 import pytest
 
-from cheapinfer.chapter import paged_scheduler, workload
+from cheapinfer.chapter.batching import paged_scheduler, workload
 from cheapinfer.faults.core import activate
 from cheapinfer.harness import registry, verdict
 
@@ -92,7 +92,7 @@ def test_the_pool_without_the_model_is_the_real_runs_pool():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from cheapinfer.chapter.paging import run_waste
+    from cheapinfer.chapter.batching.paging import run_waste
 
     torch.manual_seed(0)
     config = Qwen2Config(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=16, intermediate_size=32, vocab_size=64)

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from cheapinfer.chapter import batching
+from cheapinfer.chapter.batching import batching
 
 NOISES = {
     "normal": lambda r: r.gauss(0.0, 1.0),
@@ -77,7 +77,7 @@ def test_the_kernel_probe_names_a_pair_whose_products_alone_are_faster_at_more_r
     could divide by the batch): a pair is the kernel's only where the larger size is faster beyond the rounds' noise."""
     import time
 
-    from cheapinfer.chapter import batching
+    from cheapinfer.chapter.batching import batching
 
     cost = {1: 0.004, 2: 0.001, 4: 0.0045, 8: 0.0046}  # 2 rows faster than 1 (a slow 1-row path); 8 about as slow as 4
     monkeypatch.setattr(batching, "weights_pass", lambda model, b: (lambda: time.sleep(cost[b])))

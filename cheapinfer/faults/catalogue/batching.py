@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ...chapter import batching, knee, paged_scheduler, paging, scheduler, workload
+from ...chapter.batching import batching, knee, paged_scheduler, paging, scheduler, workload
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import misspelled_while, replaying_steps
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ...chapter import knee, outliers, quant, quant_error, speculative
+from ...chapter.batching import knee
+from ...chapter.outliers import outliers
+from ...chapter.quantization import quant, quant_error
+from ...chapter.speculative import speculative
 from ...runtime import accel, roofline
 from ..base import CONSTANT, DISABLED, RULE, fault, patched
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...chapter import budget
+from ...chapter.budget import budget
 from ..base import CONSTANT, RULE, fault, patched
 
 # ------------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ...chapter import battery, evaluation, perplexity, quant
+from ...chapter import stats
+from ...chapter.evaluation import battery, evaluation, perplexity
+from ...chapter.quantization import quant
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 
 # ------------------------------------------------------------------------------------------------
@@ -119,14 +121,14 @@ def _eval_battery_padded_right():
     what="McNemar's test is run over all questions instead of the discordant ones: questions both schemes answer alike count as trials, so 'no change' looks like a significant one",
 )
 def _eval_mcnemar_counts_ties():
-    from scipy import stats
+    from scipy import stats as scipy_stats
 
     def over_all(first, second):
         lost = sum(a and not b for a, b in zip(first, second))
         gained = sum(b and not a for a, b in zip(first, second))
-        return battery.PairedChange(lost, gained, float(stats.binomtest(lost, len(first), 0.5).pvalue))
+        return stats.PairedChange(lost, gained, float(scipy_stats.binomtest(lost, len(first), 0.5).pvalue))
 
-    with patched(battery, "mcnemar_exact", over_all):
+    with patched(stats, "mcnemar_exact", over_all):
         yield
 
 

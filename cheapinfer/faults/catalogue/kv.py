@@ -8,7 +8,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ...chapter import asides, kv, kv_listing, kv_macs, kv_memory
+from ...chapter.asides import asides
+from ...chapter.kv_cache import kv, kv_listing, kv_macs, kv_memory
 from ...runtime import accel, hf
 from ..base import CONSTANT, DISABLED, RULE, fault, patched
 from .common import replaying_steps

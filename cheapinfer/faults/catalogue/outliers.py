@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-from ...chapter import outliers
+from ...chapter.outliers import outliers
 from ..base import CONSTANT, RULE, STATISTIC, fault, patched
 
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import torch
 
-from ...chapter import batching, formats, lowbit, quant, quant_error
+from ...chapter.batching import batching
+from ...chapter.quantization import formats, lowbit, quant, quant_error
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import replaying_first
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ...chapter import distill, speculative
+from ...chapter.distillation import distill
+from ...chapter.speculative import speculative
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 from .common import MISSPELLED_HF, misspelled_while, replaying_first
 

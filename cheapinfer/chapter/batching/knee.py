@@ -21,7 +21,7 @@ import torch
 from . import batching
 
 if TYPE_CHECKING:
-    from ..runtime import timing
+    from ...runtime import timing
 
 # ----------------------------------------------------------------------------------------------
 # the knee: where a doubling of the batch stops paying, decided over the rounds' noise
@@ -73,7 +73,7 @@ def doubling_quantities(steps: Mapping[int, float]) -> dict[str, float]:
 def doublings(rounds: Mapping[int, Sequence[float]]) -> list[Doubling]:
     """Every doubling ``b -> 2b`` among the measured sizes (``rounds[b]``: batch b's step times, round by round,
     all sizes timed in the same rounds), in order of size."""
-    from ..runtime.timing import Samples, estimates
+    from ...runtime.timing import Samples, estimates
 
     samples = {str(b): Samples(str(b), list(v)) for b, v in rounds.items()}
     found = estimates(samples, lambda t: doubling_quantities({int(b): s for b, s in t.items()}))
@@ -87,7 +87,7 @@ def request_latency_gain(rounds: Mapping[int, Sequence[float]], small: int):
     """The latency gain of ``small -> 2 small`` as a request sees it (:func:`request_latency` of each size), from
     step times timed side by side (``rounds[b]``: batch b's step times, round by round): a
     :class:`cheapinfer.runtime.timing.Estimate`, its value from the medians and its standard error from the rounds."""
-    from ..runtime.timing import Samples, estimates
+    from ...runtime.timing import Samples, estimates
 
     samples = {str(b): Samples(str(b), list(v)) for b, v in rounds.items() if b in (small, 2 * small)}
 
@@ -223,7 +223,7 @@ def activation_bytes(config, batch: int, context: int, bytes_per_element: int) -
     in fp32 where a head or the argmax widens them), the keys and values widened to the query heads with their
     scores, the MLP's three intermediate vectors, and one layer's cache grown by the new token (the copy a
     concatenation makes)."""
-    from .kv import config_head_dim
+    from ..kv_cache.kv import config_head_dim
 
     head_dim, ctx = config_head_dim(config), context + 1
     per_row = (
@@ -237,7 +237,7 @@ def activation_bytes(config, batch: int, context: int, bytes_per_element: int) -
 
 def cache_bytes(config, batch: int, context: int, bytes_per_element: int) -> int:
     """The KV cache of ``batch`` requests holding ``context`` tokens each (plus the step's new token)."""
-    from .kv import config_head_dim, kv_bytes_per_token
+    from ..kv_cache.kv import config_head_dim, kv_bytes_per_token
 
     return batch * (context + 1) * kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config_head_dim(config), bytes_per_element)
 
@@ -378,8 +378,8 @@ def measure_doubling(model, small: int, large: int, extra_seconds: float, contex
     ``extra_seconds``, while the doubling is within the noise of ``threshold``), then ``large`` run once more
     traced, outside the clock. Returns (batch -> step seconds per round, the seconds building the steps took,
     the cache-use evidence of the traced step)."""
-    from ..runtime import timing
-    from ..runtime.evidence import traced_each
+    from ...runtime import timing
+    from ...runtime.evidence import traced_each
 
     t0 = time.perf_counter()
     steps = {b: batching.decode_step(model, b, context) for b in (small, large)}

@@ -1,6 +1,6 @@
 """Section 2, batching: static and continuous batching run for real.
 
-:func:`run_policies` runs both policies of :mod:`cheapinfer.chapter.workload`'s scheduling model over real
+:func:`run_policies` runs both policies of :mod:`cheapinfer.chapter.batching.workload`'s scheduling model over real
 decode steps of a model, with a real batched KV cache whose rows are refilled (continuous) or padded
 (static); :func:`validate` runs both and simulates both with step costs probed on the same model during
 the run, so the simulation can be checked against reality.
@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import SEED
-from ..runtime import hf
-from ..runtime.device import sync
+from ... import SEED
+from ...runtime import hf
+from ...runtime.device import sync
 from . import batching, workload
 
 #: Tokens of history each probe step's cache holds (per occupied slot). Every probe call feeds one token and crops
@@ -247,7 +247,7 @@ class Validation:
           (:func:`cheapinfer.runtime.timing.robust_se`), summed in quadrature;
         - the prediction error |sim / real - 1| combines both.
         """
-        from ..runtime.timing import robust_se
+        from ...runtime.timing import robust_se
 
         s, c = self.results["static"], self.results["continuous"]
         cv = statistics.median(1.4826 * statistics.median(abs(x - statistics.median(v)) for x in v) / statistics.median(v)
@@ -272,8 +272,8 @@ def validate(model, lengths: Sequence[int], slots: int) -> Validation:
     """Run both policies for real, and simulate them with step costs probed on the same model during the run (medians).
 
     The run is traced (:class:`cheapinfer.runtime.hf.ForwardTrace`): each policy's steps and the probes prove they used their cache."""
-    from ..runtime.evidence import cache_use
-    from ..runtime.hf import ForwardTrace
+    from ...runtime.evidence import cache_use
+    from ...runtime.hf import ForwardTrace
 
     with ForwardTrace(model) as trace:
         runs, samples = run_policies(model, lengths, slots, trace=trace)

@@ -1,6 +1,7 @@
-"""Section 5, does quantization hurt? The factual battery and its statistics: 16 questions under greedy
-decoding, McNemar's exact test between two schemes, the Clopper-Pearson interval of one score, and what
-a battery of n questions can resolve at all (see :mod:`cheapinfer.chapter.evaluation`).
+"""Section 5, does quantization hurt? The factual battery: 16 questions under greedy decoding (see
+:mod:`cheapinfer.chapter.evaluation.evaluation`). Its statistics (McNemar's exact test between two schemes, the
+Clopper-Pearson interval of one score, and what a battery of n questions can resolve at all) are
+:mod:`cheapinfer.chapter.stats`.
 """
 
 from __future__ import annotations
@@ -9,19 +10,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-import numpy as np
 import torch
-from scipy import stats
 
-from ..runtime import hf
+from ...runtime import hf
 
 # ------------------------------------------------------------------------------------------------
 # battery
 # ------------------------------------------------------------------------------------------------
 
 ANSWER_TOKENS = 16
-CONFIDENCE = 0.95  # of the exact binomial interval of one battery score
-LEVEL = 0.05  # two-sided significance level of the paired exact (McNemar) test
 
 #: (question, accepted answers as regular expressions matched on word boundaries, case-insensitive).
 BATTERY: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -138,75 +135,3 @@ def until_end(model, tokens: Sequence[int]) -> list[int]:
         if out[-1] in ends:
             break
     return out
-
-
-def binomial_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Exact (Clopper-Pearson) interval for a proportion k/n."""
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
-    return float(ci.low), float(ci.high)
-
-
-def intervals_overlap(k: int, j: int, n: int, confidence: float = CONFIDENCE) -> bool:
-    """Whether the exact intervals of two scores k/n and j/n overlap (the interval cannot tell them apart)."""
-    (lo_k, hi_k), (lo_j, hi_j) = binomial_interval(k, n, confidence), binomial_interval(j, n, confidence)
-    return lo_k <= hi_j and lo_j <= hi_k
-
-
-@dataclass
-class PairedChange:
-    """Two schemes on the same questions: answers lost and gained by the second, and McNemar's exact p."""
-
-    lost: int  # right under the first, wrong under the second
-    gained: int  # wrong under the first, right under the second
-    p_value: float  # two-sided exact McNemar: binomial(lost + gained, 1/2); 1.0 when nothing changed
-
-    @property
-    def significant(self) -> bool:
-        return self.p_value < LEVEL
-
-
-def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> PairedChange:
-    """McNemar's exact test on paired right/wrong answers (two-sided)."""
-    if len(first) != len(second):
-        raise ValueError(f"paired answers of different lengths: {len(first)} and {len(second)}")
-    lost = sum(a and not b for a, b in zip(first, second))
-    gained = sum(b and not a for a, b in zip(first, second))
-    if lost + gained == 0:
-        return PairedChange(0, 0, 1.0)
-    return PairedChange(lost, gained, float(stats.binomtest(lost, lost + gained, 0.5).pvalue))
-
-
-@dataclass
-class Resolution:
-    """What a battery of ``n`` questions can resolve, by the interval and by the paired test."""
-
-    n: int
-    interval_coverage: float  # smallest exact coverage of the interval over true proportions 0.001..0.999
-    one_question_intervals_disjoint: bool  # for some k, the intervals of k/n and (k+1)/n do not overlap
-    one_question_p: float  # McNemar's exact p of one question lost and none gained
-    smallest_disjoint_gap: int  # fewest questions between two scores whose intervals can be disjoint
-    smallest_significant_change: int  # fewest one-way changes (m lost, 0 gained) that McNemar calls significant
-
-
-def resolution(n: int, confidence: float = CONFIDENCE, level: float = LEVEL) -> Resolution:
-    """What ``n`` questions can and cannot tell apart (exact intervals at ``confidence``, McNemar at ``level``)."""
-    ci = [binomial_interval(k, n, confidence) for k in range(n + 1)]
-    # exact coverage: P(true p inside the interval of the observed k), summed over the binomial law of k
-    truth = np.linspace(0.001, 0.999, 999)  # [P]
-    pmf = stats.binom.pmf(np.arange(n + 1)[:, None], n, truth[None, :])  # [n + 1, P]
-    inside = np.array([[lo <= t <= hi for t in truth] for lo, hi in ci])  # [n + 1, P]
-    coverage = float((pmf * inside).sum(axis=0).min())
-
-    def disjoint(k: int, j: int) -> bool:
-        return ci[k][1] < ci[j][0]
-
-    gap = next((d for d in range(1, n + 1) if any(disjoint(k, k + d) for k in range(n + 1 - d))), n + 1)
-    change = next((m for m in range(1, n + 1) if mcnemar_exact([True] * m, [False] * m).p_value < level), n + 1)
-    return Resolution(
-        n=n,
-        interval_coverage=coverage,
-        one_question_intervals_disjoint=any(disjoint(k, k + 1) for k in range(n)),
-        one_question_p=mcnemar_exact([True], [False]).p_value,
-        smallest_disjoint_gap=gap,
-        smallest_significant_change=change,
-    )

@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..runtime import hf, rounding
-from .evaluation import greedy
+from ...runtime import hf, rounding
+from ..evaluation.evaluation import greedy
 
 #: Draft length of the exactness/acceptance runs. Under greedy decoding every judged proposal is
 #: conditioned on the target's own prefix, so the measured acceptance does not depend on gamma;
@@ -296,8 +296,8 @@ def generate_traced(target, prompt: Sequence[int], new_tokens: int, draft=None, 
     model's passes used their cache (``{"target": ..., "draft": ...}``, :func:`cheapinfer.runtime.evidence.cache_use`).
 
     A trace sees every forward of its model, also from another thread running the same target."""
-    from ..runtime.evidence import cache_use
-    from ..runtime.hf import ForwardTrace
+    from ...runtime.evidence import cache_use
+    from ...runtime.hf import ForwardTrace
 
     with ForwardTrace(target) as t_trace, (ForwardTrace(draft) if draft is not None else _Nothing()) as d_trace:
         run = generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=stop_at_eos)
@@ -314,7 +314,7 @@ def counting_pair(noise: float = 0.1, seed: int = 0):
     about 0.26 at 0.1, a mix of kept and rejected proposals). ``(target, draft)``, float32, eval mode."""
     import copy
 
-    from .kv_macs import tiny_arch, tiny_model
+    from ..kv_cache.kv_macs import tiny_arch, tiny_model
 
     torch.manual_seed(seed)
     target = tiny_model(tiny_arch()).eval()

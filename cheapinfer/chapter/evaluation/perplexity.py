@@ -1,6 +1,6 @@
 """Section 5, does quantization hurt? The perplexity column: ``WINDOWS`` = 4 non-overlapping windows of
 ``WINDOW`` = 512 tokens in one batched forward pass, the same number through transformers' own shifted
-loss, and the rounding bound between the two (see :mod:`cheapinfer.chapter.evaluation`).
+loss, and the rounding bound between the two (see :mod:`cheapinfer.chapter.evaluation.evaluation`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def ln_ppl_bound(model, ids: torch.Tensor, window: int = WINDOW) -> float:
     The windows' roundings are disjoint independent sets, so the squares add: B = sqrt(sum_w B_w^2) / W; each
     window is bounded by itself (memory).
     """
-    from ..runtime import rounding
+    from ...runtime import rounding
 
     windows, targets = _windows(ids, window)  # the windows perplexity() evaluates
     n = targets.numel()

@@ -151,7 +151,7 @@ def gguf_blocks(shapes: Mapping[str, tuple[int, int]], count: int = 1, qtype: st
 
 
 def torch_int4_kernel(shapes: Mapping[str, tuple[int, int]], count: int = 1) -> Stored | Unavailable:
-    """Group-128 int4 as torch's CPU int4 kernel holds it (``cheapinfer.chapter.lowbit.Int4Linear``: packed codes,
+    """Group-128 int4 as torch's CPU int4 kernel holds it (``cheapinfer.chapter.quantization.lowbit.Int4Linear``: packed codes,
     a bf16 scale and a bf16 zero per group); torchao's int4 weight-only path packs for these kernels."""
     from . import lowbit
 

@@ -3,8 +3,8 @@
 Arithmetic here is exact integer arithmetic; measurements (timings, allocator peaks, cache
 tensors) use a real transformers model, usually the twin. Shapes follow transformers:
 ``[B, H, S, D]`` = batch, heads, sequence, head dim. The multiply-accumulates are
-:mod:`cheapinfer.chapter.kv_macs`, the chapter's listing run verbatim :mod:`cheapinfer.chapter.kv_listing`,
-and the evidence that a cached loop used its cache :mod:`cheapinfer.chapter.kv_evidence`.
+:mod:`cheapinfer.chapter.kv_cache.kv_macs`, the chapter's listing run verbatim :mod:`cheapinfer.chapter.kv_cache.kv_listing`,
+and the evidence that a cached loop used its cache :mod:`cheapinfer.chapter.kv_cache.kv_evidence`.
 
 Usable without pytest, e.g.::
 
@@ -26,10 +26,10 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..runtime import accel, hf, premise, roofline, rounding
-from ..runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
-from ..runtime.arch import QWEN25_05B, Arch
-from ..runtime.timing import Marks, mark_name
+from ...runtime import accel, hf, premise, roofline, rounding
+from ...runtime.accel import LivePeak, peak_above_resident, sync  # noqa: F401  (the memory claims' entry points; CUDA and CPU in accel)
+from ...runtime.arch import QWEN25_05B, Arch
+from ...runtime.timing import Marks, mark_name
 
 GIB = 2**30
 
@@ -93,7 +93,7 @@ def greedy_cached(model, ids: torch.Tensor, new_tokens: int, on_step: Callable[[
 
     ``on_step(k)`` is called after token k (1-based) is chosen, e.g. to read a clock. Only the cache
     and the last token are held between steps (the logits are dropped), as a serving loop would.
-    ``cache``: an empty transformers cache to fill (e.g. :func:`cheapinfer.chapter.paging.paged_cache`);
+    ``cache``: an empty transformers cache to fill (e.g. :func:`cheapinfer.chapter.batching.paging.paged_cache`);
     default: the model's own.
     """
     out = hf.forward(model, ids, cache=cache, use_cache=True)

@@ -13,7 +13,7 @@ Batch rows are sequences of the pool, left-aligned, the shorter ones masked
 (:meth:`attention_mask`): a row holds only its own tokens, no padding.
 
 :func:`run_waste` reads the reservation waste of a real run (the continuous-batching scheduler on
-the paged cache, :func:`cheapinfer.chapter.paged_scheduler.run_paged`) from the block tables it recorded.
+the paged cache, :func:`cheapinfer.chapter.batching.paged_scheduler.run_paged`) from the block tables it recorded.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from ..runtime import hf
+from ...runtime import hf
 
 
 class OutOfBlocks(RuntimeError):

@@ -15,7 +15,7 @@ tensor, ``torch.round`` (halves to the even integer), clamp to ``[-qmax - 1, qma
 quantizer follows the same rule by default (``ROUNDING = "half-even"``), so its error table measures
 the book's definition; ``rounding="half-away"`` (C's ``roundf``, as llama.cpp and the ``gguf``
 package round) is kept for the bit-level cross-check against gguf's Q8_0, and
-:func:`cheapinfer.chapter.quant_error.error_table` measures both rules (how many codes differ, and the error under each).
+:func:`cheapinfer.chapter.quantization.quant_error.error_table` measures both rules (how many codes differ, and the error under each).
 
 Assumptions: weights are ``[out_features, in_features]`` (``nn.Linear`` layout).
 """
@@ -352,7 +352,7 @@ def extremes_kept(weight: torch.Tensor, scheme: str, scale_dtype: torch.dtype | 
 def absmax_kept(w: torch.Tensor, w_hat: torch.Tensor, scheme: str, scale_dtype: torch.dtype | None = None) -> float:
     """:func:`extremes_kept` of a reconstruction ``w_hat`` already made (``[out, in]`` fp32, as ``w``): the fraction of
     ``scheme``'s regions whose largest |w| it gives back within the stored scale's rounding and three fp32 roundings.
-    The error table (:func:`cheapinfer.chapter.quant_error.error_table`) reads it off its own reconstruction."""
+    The error table (:func:`cheapinfer.chapter.quantization.quant_error.error_table`) reads it off its own reconstruction."""
     s = parse_scheme(scheme)
     a = _regions(w, s)[0].abs()
     at = a.argmax(dim=-1, keepdim=True)

@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..runtime import hf
-from ..runtime.evidence import alone_logits, relative_change
+from ...runtime import hf
+from ...runtime.evidence import alone_logits, relative_change
 from . import kv
 
 # ------------------------------------------------------------------------------------------------

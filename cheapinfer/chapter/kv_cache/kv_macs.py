@@ -8,8 +8,8 @@ from typing import Callable
 
 import torch
 
-from ..runtime import hf
-from ..runtime.arch import QWEN25_05B, Arch, qwen2_config
+from ...runtime import hf
+from ...runtime.arch import QWEN25_05B, Arch, qwen2_config
 from . import kv
 
 # ------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Section 3, real low-bit weight kernels: fewer bytes per weight, and what a decode step does with them.
 
-The suite's own quantizers (:mod:`cheapinfer.chapter.quant`) store codes and scales but evaluate by
+The suite's own quantizers (:mod:`cheapinfer.chapter.quantization.quant`) store codes and scales but evaluate by
 dequantizing once (fake quantization): the model still multiplies full-precision matrices. Here
 the same codes run through kernels that read them as stored:
 
@@ -42,9 +42,9 @@ from typing import Callable, Mapping
 import torch
 import torch.nn as nn
 
-from .. import SEED
-from ..runtime.roofline import streamed_bytes, tensor_bytes
-from ..runtime.settings import TIMING_THREADS_VARIABLE
+from ... import SEED
+from ...runtime.roofline import streamed_bytes, tensor_bytes
+from ...runtime.settings import TIMING_THREADS_VARIABLE
 from . import quant
 
 INT4_GROUP = 128
@@ -136,7 +136,7 @@ class Int4Linear(nn.Module):
 def _replace_linears(model, make: Callable[[nn.Linear], nn.Module], projections_only: bool = False) -> None:
     """Replace every ``nn.Linear`` of ``model`` (the projections and the LM head) by ``make(linear)``.
 
-    ``projections_only``: only the decoder layers' projections (:func:`cheapinfer.chapter.quant.projection_weights`), as the suite's own schemes do.
+    ``projections_only``: only the decoder layers' projections (:func:`cheapinfer.chapter.quantization.quant.projection_weights`), as the suite's own schemes do.
     """
     keep = {name.removesuffix(".weight") for name in quant.projection_weights(model)} if projections_only else None
     for prefix, module in list(model.named_modules()):
@@ -323,7 +323,7 @@ def dense_copy_per_call(model) -> float:
     """Bytes one product of one token with the probe matrix creates, over the bytes of a dense 16-bit copy of that
     matrix (:func:`cheapinfer.runtime.accel.peak_above_resident`): about 1 / columns for a kernel that reads its codes in place
     (it creates its output), 1 or more for one that dequantizes the weight on every call."""
-    from ..runtime.accel import peak_above_resident
+    from ...runtime.accel import peak_above_resident
 
     module, x = _probe(model)
     with torch.inference_mode():
@@ -352,10 +352,10 @@ def decode_steps(models: Mapping[str, object], timed: Callable, probe_bytes: int
     (``probe_bytes`` each: :func:`cheapinfer.runtime.accel.stream_bytes`, so that neither sits in a cache) give the bandwidths the roofline is read against: the copy the reference,
     the read the limit (:func:`over_read`).
     """
-    from ..runtime.accel import stream_probes
-    from ..runtime.evidence import traced
-    from ..runtime.memory import release
-    from .batching import decode_step
+    from ...runtime.accel import stream_probes
+    from ...runtime.evidence import traced
+    from ...runtime.memory import release
+    from ..batching.batching import decode_step
 
     steps = {name: decode_step(m, 1, context) for name, m in models.items()}
     device = next(next(iter(models.values())).parameters()).device

@@ -5,9 +5,9 @@ callable that decodes one token for all of them (one forward pass of a transform
 ``DynamicCache``). Timed at B = 1, 2, 4, ..., it gives the per-step latency (:func:`request_latency`: what
 every request in the step waits) and the throughput B / latency; :func:`curve` tabulates them, and
 :func:`tradeoff` compares every pair of batch sizes against the spread of the timing rounds. The knee of
-the curve is :mod:`cheapinfer.chapter.knee`; static against continuous batching is
-:mod:`cheapinfer.chapter.workload` (the workload and the simulation), :mod:`cheapinfer.chapter.scheduler`
-(the real run) and :mod:`cheapinfer.chapter.paged_scheduler` (the real run on the paged cache).
+the curve is :mod:`cheapinfer.chapter.batching.knee`; static against continuous batching is
+:mod:`cheapinfer.chapter.batching.workload` (the workload and the simulation), :mod:`cheapinfer.chapter.batching.scheduler`
+(the real run) and :mod:`cheapinfer.chapter.batching.paged_scheduler` (the real run on the paged cache).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .. import SEED
-from ..runtime import hf
-from .kv import random_cache
+from ... import SEED
+from ...runtime import hf
+from ..kv_cache.kv import random_cache
 
 # ----------------------------------------------------------------------------------------------
 # the batch curve
@@ -184,7 +184,7 @@ def kernel_probe(model, pairs: Sequence[tuple[int, int]], rounds: int, device: t
     """Time :func:`weights_pass` at the sizes of ``pairs`` (interleaved, random order, one warm-up) and name the pairs
     where the larger size's products alone are faster beyond the rounds' noise: the same rank test as :func:`tradeoff`'s
     (the larger size's third quartile below the smaller's first), on the products' own times."""
-    from ..runtime import timing
+    from ...runtime import timing
 
     sizes = sorted({b for pair in pairs for b in pair})
     samples = timing.interleaved({f"batch={b}": weights_pass(model, b) for b in sizes}, rounds=rounds, warmup=1, device=device)

@@ -1,5 +1,5 @@
 """Sections 3-4, weight quantization: what the section measures with the suite's quantizers
-(:mod:`cheapinfer.chapter.quant`): the error table, the matrices' statistics and tails, the levels in use,
+(:mod:`cheapinfer.chapter.quantization.quant`): the error table, the matrices' statistics and tails, the levels in use,
 the bits stored and the error figure.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import SEED
+from ... import SEED
 from . import quant
 
 # ----------------------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ class ErrorRow:
     mean_half_away: float | None = None
     codes_differ: int = 0
     #: per matrix, the fraction of the scheme's regions whose largest |w| this table's own reconstruction gives back
-    #: (:func:`cheapinfer.chapter.quant.absmax_kept`): the cross-check of the errors, read off the same W_hat
+    #: (:func:`cheapinfer.chapter.quantization.quant.absmax_kept`): the cross-check of the errors, read off the same W_hat
     kept: dict[str, float] = field(default_factory=dict)
 
 

@@ -28,8 +28,8 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..runtime import hf
-from ..runtime.accel import LivePeak
+from ...runtime import hf
+from ...runtime.accel import LivePeak
 from . import kv
 from .kv_evidence import random_ids
 

@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from ..runtime import hf
+from ...runtime import hf
 from . import kv
 
 
@@ -91,7 +91,7 @@ def _current_name(old: str, messages: list[str]) -> str:
 def _continues(model, ids: torch.Tensor, reference: torch.Tensor, got: torch.Tensor) -> bool:
     """``got`` continues ``ids`` as full recomputation (``reference``) does: token for token, up to a near-tie
     of the two paths' rounding (:func:`cheapinfer.runtime.rounding.compare_greedy`)."""
-    from ..runtime.rounding import compare_greedy
+    from ...runtime.rounding import compare_greedy
 
     return compare_greedy(model, ids[0], reference[0], got[0]).agree
 

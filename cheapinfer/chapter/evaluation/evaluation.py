@@ -22,10 +22,10 @@ Three measurements of one model against its unquantized reference:
   token. One teacher-forced forward pass per scheme over the three right-padded sequences (causal
   attention: padding at the end cannot reach earlier positions).
 
-Statistics: a battery change between two schemes is judged by McNemar's exact test (two-sided, on
-the questions one scheme answers and the other misses; ``LEVEL`` = 0.05), lost and gained answers
-reported separately; a single score gets an exact (Clopper-Pearson) interval at ``CONFIDENCE`` =
-0.95. ``resolution(n)`` says what a battery of n questions can resolve at all.
+Statistics (:mod:`cheapinfer.chapter.stats`): a battery change between two schemes is judged by McNemar's exact test
+(two-sided, on the questions one scheme answers and the other misses; ``PAIRED_LEVEL`` = 0.05), lost and gained
+answers reported separately; a single score gets an exact (Clopper-Pearson) interval at ``CONFIDENCE`` = 0.95.
+``resolution(n)`` says what a battery of n questions can resolve at all.
 
 The table's rows are built on first use (``Table.__getitem__``): a claim that reads two rows does
 not pay for seven.
@@ -236,7 +236,7 @@ class Table:
 
         A row's numbers do not depend on what runs beside it; its ``seconds`` then do, and are only reported.
         """
-        from ..runtime.device import map_untimed
+        from ...runtime.device import map_untimed
 
         tasks = [s for s in self.schemes if s not in self._rows]
         if self._cross_check is None:

@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..runtime.arch import QWEN25_05B
+from ...runtime.arch import QWEN25_05B
 
 
 def qkv(n: int, heads: int = QWEN25_05B.heads, head_dim: int = QWEN25_05B.head_dim, dtype: torch.dtype = torch.float32,

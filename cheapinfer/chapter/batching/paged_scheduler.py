@@ -1,5 +1,5 @@
 """Section 2, the paged cache: the continuous scheduler run on the paged KV cache
-(:mod:`cheapinfer.chapter.paging`), its reservation waste and its shared prefixes, read from a real run.
+(:mod:`cheapinfer.chapter.batching.paging`), its reservation waste and its shared prefixes, read from a real run.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Sequence
 
 import torch
 
-from .. import SEED
+from ... import SEED
 from . import batching, scheduler, workload
 
 
 class PagedSlotBatch:
-    """The scheduler's batch on the paged cache (:func:`cheapinfer.chapter.paging.paged_cache`): the same interface as :class:`SlotBatch`.
+    """The scheduler's batch on the paged cache (:func:`cheapinfer.chapter.batching.paging.paged_cache`): the same interface as :class:`SlotBatch`.
 
     Each request is a sequence in one block pool, holding only its own tokens (no padding
     columns: rows are left-aligned, shorter rows masked). Admitting a request prefills its
@@ -150,7 +150,7 @@ def run_paged(model, lengths: Sequence[int], slots: int, prompts: Sequence[Seque
 
 def tokens_alone(model, prompt: Sequence[int], new_tokens: int) -> list[int]:
     """Greedy tokens of one request run alone, on the model's own ``DynamicCache``: the reference a batched run must equal."""
-    from .kv import greedy_cached
+    from ..kv_cache.kv import greedy_cached
 
     ids = torch.tensor([list(prompt)], device=next(model.parameters()).device)
     return greedy_cached(model, ids, new_tokens)[0].tolist()
@@ -158,13 +158,13 @@ def tokens_alone(model, prompt: Sequence[int], new_tokens: int) -> list[int]:
 
 def teacher_forced(model, prompts: Sequence[Sequence[int]], generated: Sequence[Sequence[int]], judge, rows_per_pass: int = 8) -> list:
     """Each request's generated tokens against the model's own choice after each prefix of them: one cache-less forward
-    over its prompt and tokens (:func:`cheapinfer.chapter.evaluation.teacher_forced_guesses`, the agreement column's
+    over its prompt and tokens (:func:`cheapinfer.chapter.evaluation.evaluation.teacher_forced_guesses`, the agreement column's
     pass), the argmax at every generated position. Where the first one differs, ``judge``
     (:class:`cheapinfer.runtime.rounding.GreedyJudge`) weighs the two tokens' float64 logit gap on that common prefix
     against the bound of the paths' rounding: a near-tie, or a real difference. Every request is checked, not a sample: a
     gather of the wrong block corrupts only the steps whose block table it misreads. One
     :class:`cheapinfer.runtime.rounding.GreedyComparison` per request."""
-    from .evaluation import Continuation, teacher_forced_guesses
+    from ..evaluation.evaluation import Continuation, teacher_forced_guesses
 
     requests = [Continuation(list(p), list(g)) for p, g in zip(prompts, generated)]
     out = []
@@ -196,11 +196,11 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, model.config.vocab_size, (len(lengths), prompt_tokens), generator=g).tolist()
     reserved = prompt_tokens + max_new_tokens
-    from ..runtime.evidence import traced
+    from ...runtime.evidence import traced
 
     run, evidence = traced(model, lambda: run_paged(model, lengths, slots, prompts, slots * math.ceil(reserved / block_size), block_size))
     snaps = run.batch.snapshots
-    from ..runtime.rounding import GreedyJudge
+    from ...runtime.rounding import GreedyJudge
     from .paging import run_waste
 
     judge = GreedyJudge(model)
@@ -228,7 +228,7 @@ def paged_waste(model, lengths: Sequence[int], slots: int, prompt_tokens: int, m
 
 class PoolBatch:
     """:class:`PagedSlotBatch`'s bookkeeping without a model: the same scheduler fills it, and the same pool
-    (:class:`cheapinfer.chapter.paging.PagedKVCache`) holds each request's tokens; admitting a request takes its prompt
+    (:class:`cheapinfer.chapter.batching.paging.PagedKVCache`) holds each request's tokens; admitting a request takes its prompt
     but the last token, as the prefill does, and every step one token per row, as the decode step's forward does. Its
     snapshots are a real run's, for the same lengths and prompt size (``draws_simulate_the_run`` checks it), at the cost
     of the bookkeeping alone: many seeded workloads in seconds."""
@@ -301,8 +301,8 @@ def paged_prefix(model, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
     prompts = [list(prefix) + list(s) for s in suffixes]
     lengths = [new_tokens] * len(prompts)
     size = sum(math.ceil((len(p) + new_tokens) / block_size) for p in prompts)
-    from ..runtime.evidence import combine, traced
-    from ..runtime.rounding import GreedyJudge
+    from ...runtime.evidence import combine, traced
+    from ...runtime.rounding import GreedyJudge
 
     shared, used_shared = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=True))
     own, used_own = traced(model, lambda: run_paged(model, lengths, len(prompts), prompts, size, block_size, share_prefixes=False))

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..runtime import models, timing
+from ...runtime import models, timing
 from . import batching, knee, workload
 
 CONTEXT = 64  # tokens each request holds in its cache (the book's setting)
@@ -42,7 +42,7 @@ def batch_sizes(claims: Iterable[str], device: torch.device) -> list[int]:
     BAT-1-TO-16: 1, 2, 4, 8, 16. BAT-STATIC-CONT: 1..8 (the step costs of 1..8 occupied slots).
     BAT-KNEE and BAT-TRADEOFF: the powers of two up to 128 (256 on CUDA, where it is cheap), the rows of the
     chapter's table. Where the knee lies beyond them, BAT-KNEE's own search doubles on
-    (:func:`cheapinfer.chapter.knee.search_knee`): with AMX bf16 kernels one CPU thread still gained 1.31x at
+    (:func:`cheapinfer.chapter.batching.knee.search_knee`): with AMX bf16 kernels one CPU thread still gained 1.31x at
     128 -> 256 and 1.07x at 256 -> 512. BAT-TRADEOFF compares every pair of what is measured here.
     """
     claims = set(claims)

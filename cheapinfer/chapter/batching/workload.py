@@ -7,7 +7,7 @@ the same statistics. :func:`simulate` runs static or continuous batching over th
 cost that depends only on the number of occupied slots (measured on the machine).
 
 The scheduling model (stated once, used by both the simulation and the real run,
-:mod:`cheapinfer.chapter.scheduler`):
+:mod:`cheapinfer.chapter.batching.scheduler`):
 
 - all requests arrive at t = 0 and queue in a fixed, seeded order;
 - ``slots`` requests decode at a time; one step emits one token for every occupied slot;
@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .. import SEED
+from ... import SEED
 
 # ----------------------------------------------------------------------------------------------
 # the workload

@@ -173,7 +173,7 @@ def empty_octaves_between(counts: list[int]) -> int:
 def int8_codes(h: torch.Tensor, scale: float) -> torch.Tensor:
     """Symmetric INT8 codes of an activation under one scale: the chapter's listing,
     ``torch.round(h / scale)`` clamped to [-128, 127]."""
-    from .quant import round_codes
+    from ..quantization.quant import round_codes
 
     return round_codes(h / scale, "half-even").clamp(-128, 127)
 
