@@ -223,7 +223,7 @@ def test_a_speculative_loop_whose_target_cache_is_swallowed_runs_on_and_its_trac
     failed rollback. The loop runs on, every pass recomputing the whole sequence, still emits the target's greedy tokens,
     and its trace reports the target's forwards as run without a cache, which makes its claims deviate."""
     from cheapinfer.chapter.speculative import speculative as spec
-    from cheapinfer.faults.catalogue.common import misspelled_while
+    from cheapinfer.faults.catalogue.patches import misspelled_while
 
     target, draft = _tiny().double(), _tiny(layers=1).double()
     prompt = torch.randint(0, 97, (5,), generator=torch.Generator().manual_seed(2)).tolist()

@@ -7,7 +7,7 @@ import math
 
 from ...chapter.batching import batching, knee, paged_scheduler, paging, scheduler, workload
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
-from .common import misspelled_while, replaying_steps
+from .patches import misspelled_while, replaying_steps
 
 # ------------------------------------------------------------------------------------------------
 # 2. Batching, paged cache
@@ -318,4 +318,34 @@ def _paging_block_reserved_ahead():
             self.tables.update(full)
 
     with patched(paging.PagedKVCache, "reserve", reserve), patched(paging.PagedKVCache, "gather_batch", gather_batch):
+        yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the other side of a bound (issue #43): a fault a one-sided check passes that lies beyond the limit on its
+# other side; red on the check that bounds its claim from there, and on nothing the one-sided check saw
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "knee-gain-before-over-two-doublings",
+    section="batching",
+    kind=RULE,
+    targets=("BAT-KNEE",),
+    what="the steepest doubling before the knee is read from its batch to the size two doublings on (an index one too far), so the gain reported is two doublings' product, above 2",
+)
+def _knee_gain_before_over_two_doublings():
+    real = knee.knee_summary
+
+    def summary(found, threshold=1.25, sigmas=3.0):
+        found = list(found)
+        k = real(found, threshold, sigmas)
+        at = next((i for i, d in enumerate(found) if k.batch is not None and d.small < k.batch and d.gain == k.gain_before), None)
+        if at is None or at + 1 >= len(found):
+            return k
+        nxt = found[at + 1]
+        return dataclasses.replace(k, gain_before=k.gain_before * nxt.gain,
+                       gain_before_se=math.hypot(k.gain_before_se * nxt.gain, nxt.gain_se * k.gain_before))
+
+    with patched(knee, "knee_summary", summary):
         yield

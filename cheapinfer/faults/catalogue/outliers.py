@@ -124,3 +124,25 @@ def _out_scale_ignores_outlier():
 
     with patched(outliers, "tensor_scale", clipped_scale):
         yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the other side of a bound (issue #43): a fault a one-sided check passes that lies beyond the limit on its
+# other side; red on the check that bounds its claim from there, and on nothing the one-sided check saw
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "out-levels-count-changes",
+    section="outliers",
+    kind=RULE,
+    targets=("OUT-ONE-LEVEL",),
+    what="the distinct codes of each dimension are counted as the changes between its sorted codes, one fewer than the codes: a dimension on a single code counts 0",
+)
+def _out_levels_count_changes():
+    def changes(codes):
+        s = codes.sort(dim=0).values
+        return (s[1:] != s[:-1]).sum(dim=0).tolist()
+
+    with patched(outliers, "_levels_per_dim", changes):
+        yield

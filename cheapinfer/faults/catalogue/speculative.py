@@ -1,14 +1,13 @@
-"""Speculative decoding and distillation (sections 6-7): acceptance, verification, the loop, the soft targets."""
+"""Speculative decoding (section 6): acceptance, verification, the loop."""
 
 from __future__ import annotations
 
-from ...chapter.distillation import distill
 from ...chapter.speculative import speculative
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
-from .common import MISSPELLED_HF, misspelled_while, replaying_first
+from .patches import MISSPELLED_HF, misspelled_while, replaying_first
 
 # ------------------------------------------------------------------------------------------------
-# 6-7. Speculative decoding, distillation
+# 6. Speculative decoding
 # ------------------------------------------------------------------------------------------------
 
 
@@ -297,77 +296,6 @@ def _spec_draft_dropped():
 
 
 @fault(
-    "dist-temperature-after-softmax",
-    section="distillation",
-    kind=RULE,
-    targets=("DIST-TEMPERATURE",),
-    what="the temperature divides the probabilities after the softmax instead of the logits before it",
-)
-def _dist_temperature_after_softmax():
-    import torch
-
-    with patched(distill, "distribution", lambda logits, temperature=1.0: torch.softmax(logits.double(), dim=-1) / temperature):
-        yield
-
-
-@fault(
-    "dist-softmax-unnormalised",
-    section="distillation",
-    kind=RULE,
-    targets=("DIST-TEMPERATURE",),
-    what="the tempered distribution is the exponentials of the shifted logits, exp(z / T - max), without the softmax's division by their sum (a sampler's weights, which torch.multinomial would normalise itself): every ratio, and so every printed ratio, is unchanged",
-)
-def _dist_softmax_unnormalised():
-    with patched(distill, "distribution", _sampler_weights):
-        yield
-
-
-def _sampler_weights(logits, temperature=1.0):
-    """exp(z / T - max(z / T)): a softmax without its normaliser."""
-    x = logits.double() / temperature
-    return (x - x.max()).exp()
-
-
-@fault(
-    "dist-hard-label",
-    section="distillation",
-    kind=RULE,
-    targets=("DIST-MILK",),
-    what="the teacher's label is its argmax token (one-hot), as when a distillation pipeline trains on the teacher's generated text instead of its distribution",
-)
-def _dist_hard_label():
-    import torch
-
-    def one_hot(logits, temperature=1.0):
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
-
-    with patched(distill, "distribution", one_hot):
-        yield
-
-
-@fault(
-    "dist-prompt-ends-in-eos",
-    section="distillation",
-    kind=RULE,
-    targets=("DIST-MILK", "DIST-TEMPERATURE"),
-    what="the prompt is tokenized with an end-of-sequence id appended (a tokenizer loaded with add_eos_token), so the soft label read is the distribution after EOS, not after 'into the'",
-)
-def _dist_prompt_ends_in_eos():
-    real = distill.next_token_logits
-
-    class EosAppended:
-        def __init__(self, tokenizer):
-            self.tokenizer = tokenizer
-
-        def __call__(self, text, **kwargs):
-            out = self.tokenizer(text, **kwargs)
-            return {**out, "input_ids": list(out["input_ids"]) + [self.tokenizer.eos_token_id]}
-
-    with patched(distill, "next_token_logits", lambda model, tokenizer, prompt=distill.MILK_PROMPT: real(model, EosAppended(tokenizer), prompt)):
-        yield
-
-
-@fault(
     "cache-crop-does-nothing",
     section="speculative",
     kind=DISABLED,
@@ -379,4 +307,22 @@ def _cache_crop_does_nothing():
     from transformers import DynamicCache
 
     with patched(DynamicCache, "crop", lambda self, *args, **kwargs: None):
+        yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the other side of a bound (issue #43): a fault a one-sided check passes that lies beyond the limit on its
+# other side; red on the check that bounds its claim from there, and on nothing the one-sided check saw
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "spec-target-charged-per-proposal",
+    section="speculative",
+    kind=RULE,
+    targets=("SPEC-SLOWDOWN", "SPEC-SPEEDUP"),
+    what="each proposal is charged a target pass besides its draft pass, E / (gamma (c + 1)) instead of E / (gamma c + 1): every speedup falls, and 'slower' holds all the more",
+)
+def _spec_target_per_proposal():
+    with patched(speculative, "speedup", lambda alpha, gamma, c: speculative.expected_tokens(alpha, gamma) / (gamma * (c + 1.0))):
         yield

@@ -1,4 +1,4 @@
-"""The KV cache (section 1): its bytes, its use in every generation loop, the listing, fused attention."""
+"""The KV cache (section 1): its bytes, its use in every generation loop, the listing."""
 
 from __future__ import annotations
 
@@ -6,13 +6,11 @@ import contextlib
 import warnings
 
 import torch
-import torch.nn.functional as F
 
-from ...chapter.asides import asides
 from ...chapter.kv_cache import kv, kv_listing, kv_macs, kv_memory
 from ...runtime import accel, hf
 from ..base import CONSTANT, DISABLED, RULE, fault, patched
-from .common import replaying_steps
+from .patches import replaying_steps
 
 # ------------------------------------------------------------------------------------------------
 # 1. KV cache
@@ -290,41 +288,4 @@ def _kv_listing_deaf_to_logged():
         records += [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught if issubclass(w.category, kinds)]
 
     with patched(kv_listing, "deprecations", deprecations):
-        yield
-
-
-@fault(
-    "flash-fused-drops-causal-mask",
-    section="asides",
-    kind=RULE,
-    targets=("FLASH-NO-SCORES",),
-    what="the fused attention call forgets is_causal, so it attends to future positions: not the same function as the explicit path",
-)
-def _flash_drops_causal():
-    real = asides.fused
-
-    def no_mask(q, k, v, causal=True):
-        return real(q, k, v, False)
-
-    with patched(asides, "fused", no_mask):
-        yield
-
-
-@fault(
-    "flash-fused-explicit-mask",
-    section="asides",
-    kind=DISABLED,
-    targets=("FLASH-NO-SCORES",),
-    what="the fused attention call builds an n x n boolean causal mask and passes attn_mask= instead of is_causal=True: the same function, but the mask is a quarter of the fp32 scores and the flash kernel cannot take it",
-)
-def _flash_explicit_mask():
-    real = asides.fused
-
-    def with_mask(q, k, v, causal=True):
-        if not causal:
-            return real(q, k, v, False)
-        n = q.shape[-2]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(n, n, dtype=torch.bool, device=q.device).tril_())
-
-    with patched(asides, "fused", with_mask):
         yield
