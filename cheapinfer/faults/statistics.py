@@ -1,7 +1,7 @@
 """The battery statistics' faults: the suite's own bugs in what a battery of n questions can resolve, not the
 chapter's. What n = 16 can tell apart (the exact interval's coverage, the gap at which two intervals part, the
 fewest one-way changes McNemar's test calls significant, one question never) is a theorem about the statistics, so
-it is no claim: tests/test_battery_statistics.py checks it, and runs it under each fault here, where it must fail.
+it is no claim: tests/chapter/test_stats_battery.py checks it, and runs it under each fault here, where it must fail.
 
 :data:`STAT_FAULTS`: fault name -> :class:`~cheapinfer.faults.base.SuiteFault` (the bug in one sentence, the context
 manager that holds it).

@@ -1,21 +1,22 @@
-"""Property tests over drawn workloads: the scheduler, the batch simulator, the paged cache's block tables and the
-speculative loop, each on many draws instead of the one seeded workload a claim measures.
+"""Properties of the batching section's code that are not claims of the book, each on many drawn workloads instead of the
+one seeded workload a claim measures: the workload's statistics, the simulation's ordering, the real scheduler, the paged
+cache's reads and block tables.
 
-Hypothesis runs derandomized (its draws are a fixed function of the test, so every CI run tries the same examples and
-no example database is needed) with enough examples to reach the case that crashed the scheduler: more rows finishing
-in one step than requests still queued (before the fix, ``policy_steps`` popped an empty queue).
+The drawn-workload properties run derandomized (Hypothesis's draws are a fixed function of the test, so every CI run
+tries the same examples and no example database is needed) with enough examples to reach the case that crashed the
+scheduler: more rows finishing in one step than requests still queued (before the fix, ``policy_steps`` popped an empty
+queue).
 """
+
+from __future__ import annotations
 
 import itertools
 
-import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cheapinfer.chapter.batching import paging, scheduler, workload
-from cheapinfer.chapter.kv_cache import kv_macs
-from cheapinfer.chapter.speculative import speculative
 
 PROPERTY = settings(derandomize=True, database=None, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -68,6 +69,53 @@ def _run(policy: str, lengths: list[int], slots: int) -> tuple[dict[int, list[in
     return log, out
 
 
+@st.composite
+def _pool_ops(draw):
+    ops = draw(st.lists(st.tuples(st.sampled_from(["add", "reserve", "fork", "truncate", "remove"]), st.integers(0, 5), st.integers(1, 20)), max_size=40))
+    return ops
+
+
+@given(seed=st.integers(0, 2**32 - 1), sigma=st.floats(0.3, 1.5))
+def test_skewed_lengths_have_exactly_the_books_statistics(seed, sigma):
+    """The workload generator: median 18, one longest request of 231, total 1,874, for any seed and skew."""
+    lengths = workload.skewed_lengths(seed=seed, sigma=sigma)
+    assert workload.length_stats(lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
+    assert lengths.count(231) == 1 and min(lengths) >= 1
+
+
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=80), slots=st.integers(1, 8))
+def test_simulated_continuous_batching_returns_every_request_no_later_than_static(lengths, slots):
+    """Counted in steps (unit step cost), continuous batching admits each request no later than static does, so returns it no later."""
+    cost = dict.fromkeys(range(1, slots + 1), 1.0)
+    s, c = workload.simulate("static", lengths, slots, cost), workload.simulate("continuous", lengths, slots, cost)
+    assert all(lc <= ls for lc, ls in zip(c.latency_s, s.latency_s))
+    assert max(max(lengths), -(-sum(lengths) // slots)) <= c.steps <= s.steps
+
+
+@given(chunks=st.lists(st.integers(1, 40), min_size=1, max_size=6), fork_at=st.integers(0, 5), block=st.sampled_from([1, 4, 16]))
+def test_paged_cache_reads_back_what_was_written(chunks, fork_at, block):
+    """Any sequence of appends, with a fork part-way, reads back exactly the contiguous keys and values, and frees every block."""
+    g = torch.Generator().manual_seed(len(chunks) * 100 + fork_at)
+    cache = paging.PagedKVCache(2 * sum(chunks) + 2, block, 2, 8)  # enough for two sequences at one token per block
+    ref = {0: [torch.zeros(2, 0, 8), torch.zeros(2, 0, 8)]}
+    cache.add(0)
+    for i, t in enumerate(chunks):
+        if i == fork_at:
+            cache.fork(0, 1)
+            ref[1] = list(ref[0])
+        for seq in ref:
+            k, v = torch.randn(2, t, 8, generator=g), torch.randn(2, t, 8, generator=g)
+            cache.append(seq, k, v)
+            ref[seq] = [torch.cat([ref[seq][0], k], 1), torch.cat([ref[seq][1], v], 1)]
+    for seq, (k, v) in ref.items():
+        pk, pv = cache.gather(seq)
+        assert torch.equal(pk, k) and torch.equal(pv, v)
+        assert 0 <= cache.unused_slots(seq) < block
+    for seq in list(ref):
+        cache.remove(seq)
+    assert cache.blocks_in_use == 0
+
+
 @PROPERTY
 @given(lengths_st, slots_st)
 @example([1, 1, 1, 5], 3)  # three rows finish at step 1 with one request queued: the draw that crashed the scheduler
@@ -103,12 +151,6 @@ def test_skewed_lengths_have_the_printed_statistics_on_every_seed(seed):
     assert workload.length_stats(lengths) == {"median_len": 18, "max_len": 231, "total_len": 1_874, "requests": 64}
 
 
-@st.composite
-def _pool_ops(draw):
-    ops = draw(st.lists(st.tuples(st.sampled_from(["add", "reserve", "fork", "truncate", "remove"]), st.integers(0, 5), st.integers(1, 20)), max_size=40))
-    return ops
-
-
 @PROPERTY
 @given(_pool_ops())
 def test_paged_block_tables_stay_consistent_and_free_every_block(ops):
@@ -138,26 +180,3 @@ def test_paged_block_tables_stay_consistent_and_free_every_block(ops):
     for seq in list(pool.tables):
         pool.remove(seq)
     assert pool.blocks_in_use == 0 and pool.tables_consistent()
-
-
-@pytest.fixture(scope="module")
-def models():
-    torch.manual_seed(0)
-    target = kv_macs.tiny_model(kv_macs.tiny_arch(), dtype=torch.float64).eval()
-    torch.manual_seed(1)
-    draft = kv_macs.tiny_model(kv_macs.tiny_arch(layers=1), dtype=torch.float64).eval()
-    return target, draft
-
-
-@settings(derandomize=True, database=None, max_examples=25, deadline=None)
-@given(st.lists(st.integers(2, 255), min_size=1, max_size=6), st.integers(1, 12), st.integers(1, 6))
-def test_speculative_loop_emits_greedy_tokens(models, prompt, new_tokens, gamma):
-    """The speculative loop (any draft, any gamma) emits exactly the target's greedy tokens, in float64 (no near-ties);
-    its own count of passes: one target pass per kept group, gamma draft passes per target pass at most."""
-    target, draft = models
-    alone = speculative.generate(target, prompt, new_tokens, stop_at_eos=False)
-    spec = speculative.generate(target, prompt, new_tokens, draft=draft, gamma=gamma, stop_at_eos=False)
-    assert spec.tokens == alone.tokens and len(spec.tokens) == new_tokens
-    assert alone.target_passes == new_tokens
-    assert sum(spec.kept_per_pass) == new_tokens and len(spec.kept_per_pass) == spec.target_passes
-    assert spec.draft_passes <= gamma * spec.target_passes
