@@ -4,6 +4,7 @@ the record. Tested here on a few draws, without a model."""
 
 import pytest
 
+from cheapinfer.chapter import stats
 from cheapinfer.chapter.batching import paged_scheduler, workload
 from cheapinfer.faults.core import activate
 from cheapinfer.harness import registry, verdict
@@ -54,7 +55,7 @@ def test_static_and_continuous_over_a_few_draws_give_the_rules_numbers():
     sens = workload.sensitivity(workload.skewed_lengths(), 8, cost, draws=20)
     got = verdict.over_draws(registry.get("BAT-STATIC-CONT"), "throughput_ratio", sens.throughput)
     assert got["throughput_ratio_draws"] == 21 and got["throughput_ratio_p05"] <= got["throughput_ratio"] <= got["throughput_ratio_p95"]
-    assert got["throughput_ratio_share_holding"] == sens.share(sens.throughput, 1.55, 1.65)
+    assert got["throughput_ratio_share_holding"] == stats.share(sens.throughput, 1.55, 1.65)
     assert sens.repeated_workloads() == 0
 
 

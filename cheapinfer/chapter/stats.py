@@ -1,6 +1,9 @@
 """The statistics of the chapter's measurements: tests, intervals and design effects, each with its test, level and
 assumption stated. The measurements that use them live in the sections (:mod:`cheapinfer.chapter.evaluation`).
 
+**Seeded draws**: a quantity measured on many seeded workloads is summarised by its quantiles (:func:`quantile`) and the
+share of the workloads on which it lies in a range (:func:`share`).
+
 **A proportion and a paired change** (the factual battery, :mod:`cheapinfer.chapter.evaluation.battery`): a single score
 k of n gets an exact (Clopper-Pearson) interval at :data:`CONFIDENCE`; a change between two schemes on the same
 questions is judged by McNemar's exact test (two-sided, binomial(lost + gained, 1/2) on the questions one scheme
@@ -27,6 +30,8 @@ positions, each the model's greedy guess at the reference's own context. Two way
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,6 +40,26 @@ PAIRED_LEVEL = 0.05  # two-sided significance level of the paired exact (McNemar
 SERIAL_LEVEL = 0.05  # one-sided level of the permutation test of within-prompt exchangeability
 SERIAL_ROUNDS = 20_000  # its seeded shuffles
 SERIAL_SEED = 0
+
+
+# ------------------------------------------------------------------------------------------------
+# seeded draws
+# ------------------------------------------------------------------------------------------------
+
+
+def quantile(values: Sequence[float], f: float) -> float:
+    """The ``f`` quantile of ``values`` (``statistics.quantiles``' inclusive method; f in [0, 1])."""
+    v = sorted(values)
+    if f <= 0:
+        return v[0]
+    if f >= 1:
+        return v[-1]
+    return statistics.quantiles(v, n=1000, method="inclusive")[round(f * 1000) - 1]
+
+
+def share(values: Sequence[float], lo: float = -math.inf, hi: float = math.inf) -> float:
+    """Fraction of the values (one per workload) that lie in [lo, hi]."""
+    return sum(lo <= x <= hi for x in values) / len(values)
 
 
 # ------------------------------------------------------------------------------------------------

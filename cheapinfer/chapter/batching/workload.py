@@ -181,20 +181,6 @@ class Sensitivity:
         all of them when the workloads were not kept)."""
         return len(self.throughput) - len(set(self.workloads))
 
-    @staticmethod
-    def quantile(values: Sequence[float], f: float) -> float:
-        """The ``f`` quantile of ``values`` (``statistics.quantiles``' inclusive method; f in [0, 1])."""
-        v = sorted(values)
-        if f <= 0:
-            return v[0]
-        if f >= 1:
-            return v[-1]
-        return statistics.quantiles(v, n=1000, method="inclusive")[round(f * 1000) - 1]
-
-    def share(self, values: Sequence[float], lo: float = -math.inf, hi: float = math.inf) -> float:
-        """Fraction of the workloads whose value lies in [lo, hi]."""
-        return sum(lo <= x <= hi for x in values) / len(values)
-
 
 def sensitivity(lengths: Sequence[int], slots: int, step_cost: Mapping[int, float], draws: int = 200, seed: int = SEED) -> Sensitivity:
     """The seeded workload and ``draws`` other seeded workloads with the same median, maximum and total, each
