@@ -22,7 +22,7 @@ def on_profiles(*names: str):
 # Hypothesis strategies
 # ----------------------------------------------------------------------------------------------
 
-#: The integer schemes of the suite's quantizer (``cheapinfer.chapter.quant``).
+#: The integer schemes of the suite's quantizer (``cheapinfer.chapter.quantization.quant``).
 INT_SCHEMES = ("int8-tensor", "int8-row", "int8-g32", "int4-tensor", "int4-row", "int4-g128", "int4-g16")
 
 _magnitude = st.one_of(st.just(0.0), st.floats(2.0**-10, 2.0**10, width=32))

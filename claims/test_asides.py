@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from cheapinfer.chapter import asides, kv
+from cheapinfer.chapter.asides import asides
+from cheapinfer.chapter.kv_cache import kv
 from cheapinfer.runtime import models, rounding
 
 MIB = 2**20

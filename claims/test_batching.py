@@ -1,7 +1,7 @@
 """Section 2 of the chapter: batching, continuous batching and the paged KV cache.
 
 The batch curve and the serving models are fixtures (``fixtures/batch_curve.py``); the setting the claims share and
-the curve's quantities are :mod:`cheapinfer.chapter.batch_curve`.
+the curve's quantities are :mod:`cheapinfer.chapter.batching.batch_curve`.
 """
 
 import math
@@ -9,8 +9,10 @@ import statistics
 
 import pytest
 
-from cheapinfer.chapter import batching, knee, kv, paged_scheduler, scheduler, workload
-from cheapinfer.chapter.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving
+from cheapinfer.chapter import stats
+from cheapinfer.chapter.batching import batching, knee, paged_scheduler, scheduler, workload
+from cheapinfer.chapter.batching.batch_curve import CONTEXT, DRAWS, KNEE_GAIN, ROUNDS, SLOTS, estimates, length_scale, medians, power_points, serving
+from cheapinfer.chapter.kv_cache import kv
 from cheapinfer.harness import registry, verdict
 from cheapinfer.harness.registry import NOISE_SIGMAS
 from cheapinfer.runtime import accel, evidence, models, plots, roofline, timing
@@ -202,7 +204,7 @@ def test_no_batch_size_improves_both_throughput_and_latency(claim, twin, twin_fa
 
 
 def _spread_row(cost: str, ratio: str, values: list[float], meeting: str) -> list[str]:
-    q = workload.Sensitivity.quantile
+    q = stats.quantile
     return [cost, ratio, *(f"{x:.2f}" for x in (values[0], min(values), q(values, 0.05), q(values, 0.5), q(values, 0.95), max(values))), meeting]
 
 
@@ -214,7 +216,7 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
     twin_cost = {k: s for k, s in medians(curve).items() if k <= SLOTS}
     found = estimates(curve, curve_claims)
     sens = workload.sensitivity(lengths, SLOTS, twin_cost, DRAWS)
-    q = workload.Sensitivity.quantile
+    q = stats.quantile
 
     # Validation: both policies for real on the stand-in, and the simulation fed with its step costs.
     scale = length_scale(device)
@@ -242,10 +244,10 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         f"Sensitivity to the lengths: {n} workloads with the printed median, maximum and total (the seeded one and {n - 1} other draws)",
         ["step cost", "ratio", "seeded", "min", "5th pct", "median", "95th pct", "max", "share meeting the book"],
         [
-            _spread_row("measured per occupied slots", "throughput", sens.throughput, f"{sens.share(sens.throughput, 1.55, 1.65):.1%} in [1.55, 1.65]"),
-            _spread_row("measured per occupied slots", "latency", sens.latency, f"{sens.share(sens.latency, lo=10.0):.1%} above 10"),
-            _spread_row("a full batch's, every step", "throughput", sens.throughput_constant_cost, f"{sens.share(sens.throughput_constant_cost, 1.55, 1.65):.1%} in [1.55, 1.65]"),
-            _spread_row("a full batch's, every step", "latency", sens.latency_constant_cost, f"{sens.share(sens.latency_constant_cost, lo=10.0):.1%} above 10"),
+            _spread_row("measured per occupied slots", "throughput", sens.throughput, f"{stats.share(sens.throughput, 1.55, 1.65):.1%} in [1.55, 1.65]"),
+            _spread_row("measured per occupied slots", "latency", sens.latency, f"{stats.share(sens.latency, lo=10.0):.1%} above 10"),
+            _spread_row("a full batch's, every step", "throughput", sens.throughput_constant_cost, f"{stats.share(sens.throughput_constant_cost, 1.55, 1.65):.1%} in [1.55, 1.65]"),
+            _spread_row("a full batch's, every step", "latency", sens.latency_constant_cost, f"{stats.share(sens.latency_constant_cost, lo=10.0):.1%} above 10"),
         ],
     )
     claim.note(
@@ -275,11 +277,11 @@ def test_continuous_batching_beats_static_on_skewed_lengths(claim, twin, stand_i
         rounds=found["seeded_throughput_ratio"].rounds,
         min_throughput_ratio=min(sens.throughput),
         max_latency_ratio=max(sens.latency),
-        share_throughput_at_book=sens.share(sens.throughput, 1.55, 1.65),
-        share_latency_above_10=sens.share(sens.latency, lo=10.0),
+        share_throughput_at_book=stats.share(sens.throughput, 1.55, 1.65),
+        share_latency_above_10=stats.share(sens.latency, lo=10.0),
         throughput_ratio_constant_cost=q(sens.throughput_constant_cost, 0.5),
         latency_ratio_constant_cost=q(sens.latency_constant_cost, 0.5),
-        share_throughput_at_book_constant_cost=sens.share(sens.throughput_constant_cost, 1.55, 1.65),
+        share_throughput_at_book_constant_cost=stats.share(sens.throughput_constant_cost, 1.55, 1.65),
         mixed_latency_ratio=sens.mixed_latency,
         workloads_compared=len(sens.throughput),
         repeated_workloads=sens.repeated_workloads(),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cheapinfer.chapter import budget
+from cheapinfer.chapter.budget import budget
 
 
 @pytest.mark.claim("BUD-13B-8GB")

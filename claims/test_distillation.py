@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from cheapinfer.chapter import distill
+from cheapinfer.chapter.distillation import distill
 from cheapinfer.harness import registry
 from cheapinfer.testing import on_profiles
 

@@ -1,6 +1,6 @@
 """Section 1 of the chapter: the KV cache.
 
-Measurements live in ``cheapinfer.chapter.kv``; these tests pick sizes, hand the numbers to the registry
+Measurements live in ``cheapinfer.chapter.kv_cache.kv``; these tests pick sizes, hand the numbers to the registry
 and regenerate the chapter's lost tables in its shape. Timing sizes are chosen so the whole module
 runs in a few minutes on a 2-core CPU with the fp32 twin.
 """
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cheapinfer.chapter import kv, kv_evidence, kv_listing, kv_macs, kv_memory
+from cheapinfer.chapter.kv_cache import kv, kv_evidence, kv_listing, kv_macs, kv_memory
 from cheapinfer.harness import registry
 from cheapinfer.runtime import accel, models, plots, roofline, rounding, timing
 from cheapinfer.runtime.arch import QWEN25_05B, qwen2_config

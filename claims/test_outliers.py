@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from cheapinfer.chapter import outliers
+from cheapinfer.chapter.outliers import outliers
 from cheapinfer.harness import registry
 from cheapinfer.testing import on_profiles
 

@@ -7,7 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cheapinfer import SEED
-from cheapinfer.chapter import formats, lowbit, quant, quant_error
+from cheapinfer.chapter.quantization import formats, lowbit, quant, quant_error
 from cheapinfer.harness import registry
 from cheapinfer.runtime import accel, evidence, provenance, roofline, timing
 from cheapinfer.runtime.arch import QWEN25_05B

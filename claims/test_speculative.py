@@ -15,9 +15,9 @@ import torch
 from scipy import stats
 
 from cheapinfer import SEED
-from cheapinfer.chapter import evaluation
-from cheapinfer.chapter import speculative as spec
-from cheapinfer.chapter.quant import SCHEMES
+from cheapinfer.chapter.evaluation import evaluation
+from cheapinfer.chapter.quantization.quant import SCHEMES
+from cheapinfer.chapter.speculative import speculative as spec
 from cheapinfer.harness import registry
 from cheapinfer.runtime import evidence, rounding, timing
 from cheapinfer.testing import on_profiles

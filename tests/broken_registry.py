@@ -18,7 +18,7 @@ def _broken() -> str:
     case = os.environ["BROKEN_REGISTRY"]
     if case == "duplicate":
         first = re.search(r"^\[([A-Z0-9.-]+)\]\n", TEXT, re.M)
-        return TEXT + f"\n[{first.group(1)}]\nsection = \"KV\"\n"
+        return TEXT + f"\n[{first.group(1)}]\nsection = \"kv_cache\"\n"
     if case == "bad-timing":
         return TEXT.replace('timing = "counted"', 'timing = "sometimes"', 1)
     if case == "nan-tolerance":

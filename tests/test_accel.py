@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from cheapinfer.chapter import kv
+from cheapinfer.chapter.kv_cache import kv
 from cheapinfer.runtime import accel, roofline
 from cheapinfer.runtime.arch import qwen2_config
 

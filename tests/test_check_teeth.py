@@ -11,7 +11,10 @@ but the speculative loop's two tiny ones.
 import pytest
 import torch
 
-from cheapinfer.chapter import distill, paged_scheduler, paging, quant, speculative
+from cheapinfer.chapter.batching import paged_scheduler, paging
+from cheapinfer.chapter.distillation import distill
+from cheapinfer.chapter.quantization import quant
+from cheapinfer.chapter.speculative import speculative
 from cheapinfer.faults.core import activate
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cheapinfer import cli
 from cheapinfer.cli.records import compare_cli, merge_cli
 from cheapinfer.harness import compare as cmp
-from cheapinfer.harness import merge, schema
+from cheapinfer.harness import merge, registry, schema, tables
 from cheapinfer.harness import record as records
 from cheapinfer.harness.record import Recorder
 
@@ -181,6 +181,21 @@ def test_merge_json(tmp_path):
     cell = matrix["claims"]["KV-MEMORY-8.3X"]["machines"]
     assert cell[labels[1]]["verdict"] == "deviates"
     assert matrix["claims"]["KV-7B-CACHE"]["machines"][labels[1]] is None  # not in the fixed record
+
+
+def test_an_old_record_s_section_keys_are_read_as_the_registry_names_them_now():
+    """Records written before the sections had one name carry ``KV``, ``Q``...: merged with a new record, every claim is
+    filed under today's key, and an old record's summary still counts its sections; compare matches claims by ID."""
+    old = json.loads(RECORD.read_text(encoding="utf-8"))
+    assert {c["section"] for c in old["claims"].values()} >= {"KV", "Q", "SPEC"}  # the fixed record is such an old one
+    matrix = merge.merge([old, built()], ["old", "new"])
+    assert {c["section"] for c in matrix["claims"].values()} <= set(registry.SECTIONS)
+    assert matrix["claims"]["KV-MEMORY-8.3X"]["section"] == "kv_cache" and matrix["claims"]["Q-NF4"]["section"] == "quantization"
+    assert tables.section_key("kv_cache") == "kv_cache" and tables.section_key("ASIDE") == "asides"
+    without = {k: v for k, v in old.items() if k != "sections"}
+    rows = [line for line in tables.summary_table(without) if line.startswith("| 1. KV cache")]
+    assert rows and rows == [line for line in tables.summary_table(old) if line.startswith("| 1. KV cache")]
+    assert not [c for c in cmp.compare(old, old) if c.regression]
 
 
 @pytest.mark.parametrize(

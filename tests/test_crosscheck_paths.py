@@ -10,7 +10,7 @@ vouches for) does not move, and fails. No model is loaded.
 import pytest
 import torch
 
-from cheapinfer.chapter import quant, quant_error
+from cheapinfer.chapter.quantization import quant, quant_error
 from cheapinfer.faults.core import activate
 from cheapinfer.harness import registry
 from cheapinfer.runtime import provenance
@@ -59,7 +59,7 @@ def test_a_cross_check_and_the_quantities_it_guards_come_from_the_path_it_names(
 def test_a_cross_check_on_a_fresh_quantizer_call_beside_the_table_is_found():
     """The catalogue's fault: the absmax property checked on a fresh quantizer call, not on the table's output."""
     with activate("q-absmax-kept-beside-the-table"):
-        read = provenance.reads(MEASUREMENTS["Q-ROW-3.4"], "cheapinfer.chapter.quant_error.error_table",
+        read = provenance.reads(MEASUREMENTS["Q-ROW-3.4"], "cheapinfer.chapter.quantization.quant_error.error_table",
                                 ("row_absmax_kept", "g128_absmax_kept", "tensor_over_row"))
     assert read == {"row_absmax_kept": False, "g128_absmax_kept": False, "tensor_over_row": True}
 
@@ -104,7 +104,7 @@ def test_a_perturbation_moves_every_float_by_its_own_factor_and_keeps_names_coun
 
 @pytest.mark.parametrize("field, value, message", [
     ("reads", "os.system", "no dotted name of a function under cheapinfer.chapter"),
-    ("reads", "cheapinfer.chapter.quant_error.error_table", "names both the path it reads"),
+    ("reads", "cheapinfer.chapter.quantization.quant_error.error_table", "names both the path it reads"),
     ("guards", ["tensor_over_row"], "names both the path it reads"),
     ("draws", 99, "at least 100"),
     ("draws", True, "at least 100"),
@@ -119,11 +119,11 @@ def test_the_loader_refuses_a_cross_check_or_draws_it_cannot_use(field, value, m
 
 def test_the_loader_refuses_a_cross_check_guarding_no_check_of_its_claim():
     text = '''[X-1]
-section = "Q"
+section = "quantization"
 statement = "s"
 runs_on = ["stand-in"]
 checks = [
-  { q = "kept", kind = "shape", op = ">=", bound = 1.0, reads = "cheapinfer.chapter.quant_error.error_table", guards = ["nothing"], why = "w" },
+  { q = "kept", kind = "shape", op = ">=", bound = 1.0, reads = "cheapinfer.chapter.quantization.quant_error.error_table", guards = ["nothing"], why = "w" },
 ]
 '''
     with pytest.raises(registry.RegistryError, match=r"guards \['nothing'\], which no check"):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cheapinfer.chapter import workload
+from cheapinfer.chapter.batching import workload
 from cheapinfer.cli import main
 from cheapinfer.reference import comparison, engine
 

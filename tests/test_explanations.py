@@ -7,7 +7,7 @@ import tomllib
 import pytest
 import torch
 
-from cheapinfer.chapter import quant, quant_error
+from cheapinfer.chapter.quantization import quant, quant_error
 from cheapinfer.harness import explanations, locate, registry
 
 SEEDS = {lang: sorted(locate.SEEDS.glob(f"{n}_*.txt")) for lang, n in (("nl", "000"), ("vi", "002"))} if locate.SEEDS.is_dir() else {}

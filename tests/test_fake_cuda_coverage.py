@@ -31,23 +31,23 @@ TYPE, DRIVER, MODEL, KERNEL = "reads the device's type only", "needs a CUDA driv
 
 #: function -> the pass's test that runs it on fake CUDA tensors
 IN_THE_PASS = {
-    "chapter/asides.py::qkv": "test_the_asides_inputs_the_twins_ids_and_the_dot_product_bound_on_the_device",
-    "chapter/kv_evidence.py::random_ids": "test_the_asides_inputs_the_twins_ids_and_the_dot_product_bound_on_the_device",
-    "chapter/kv.py::Head.__init__": "test_the_kv_head_and_its_rounding_bound_on_the_device",
-    "chapter/kv.py::random_cache": "test_a_random_cache_and_the_paged_pool_on_the_device",
-    "chapter/paging.py::PagedKVCache.__init__": "test_a_random_cache_and_the_paged_pool_on_the_device",
-    "chapter/paging.py::paged_cache": "test_the_paged_cache_of_a_model_takes_its_keys_on_the_device",
-    "chapter/quant.py::nf4_codebook": "test_quantizers_stay_on_the_weights_device",
+    "chapter/asides/asides.py::qkv": "test_the_asides_inputs_the_twins_ids_and_the_dot_product_bound_on_the_device",
+    "chapter/kv_cache/kv_evidence.py::random_ids": "test_the_asides_inputs_the_twins_ids_and_the_dot_product_bound_on_the_device",
+    "chapter/kv_cache/kv.py::Head.__init__": "test_the_kv_head_and_its_rounding_bound_on_the_device",
+    "chapter/kv_cache/kv.py::random_cache": "test_a_random_cache_and_the_paged_pool_on_the_device",
+    "chapter/batching/paging.py::PagedKVCache.__init__": "test_a_random_cache_and_the_paged_pool_on_the_device",
+    "chapter/batching/paging.py::paged_cache": "test_the_paged_cache_of_a_model_takes_its_keys_on_the_device",
+    "chapter/quantization/quant.py::nf4_codebook": "test_quantizers_stay_on_the_weights_device",
     "runtime/accel.py::read_callable": "test_the_read_probe_on_the_device",
     "runtime/accel.py::stream_probes": "test_the_stream_probes_on_the_device",
 }
 
 #: function -> (kind, the test file that covers it directly: it calls the function by name)
 EXCEPTIONS = {
-    "chapter/batch_curve.py::length_scale": (TYPE, "tests/test_fake_cuda_coverage.py"),
-    "chapter/batch_curve.py::batch_sizes": (TYPE, "tests/test_fake_cuda_coverage.py"),
-    "chapter/batch_curve.py::serving": (TYPE, "tests/test_fake_cuda_coverage.py"),
-    "chapter/lowbit.py::_has_kernel": (TYPE, "tests/test_fake_cuda_coverage.py"),
+    "chapter/batching/batch_curve.py::length_scale": (TYPE, "tests/test_fake_cuda_coverage.py"),
+    "chapter/batching/batch_curve.py::batch_sizes": (TYPE, "tests/test_fake_cuda_coverage.py"),
+    "chapter/batching/batch_curve.py::serving": (TYPE, "tests/test_fake_cuda_coverage.py"),
+    "chapter/quantization/lowbit.py::_has_kernel": (TYPE, "tests/test_fake_cuda_coverage.py"),
     "runtime/accel.py::_cuda": (TYPE, "tests/test_fake_cuda_coverage.py"),
     "runtime/timing.py::device_threads": (TYPE, "tests/test_fake_cuda_coverage.py"),
     "runtime/device.py::indexed": (TYPE, "tests/test_fake_cuda_coverage.py"),
@@ -55,7 +55,7 @@ EXCEPTIONS = {
     "runtime/device.py::bitsandbytes_cuda_problem": (TYPE, "tests/test_device_selection.py"),
     "runtime/device.py::environment": (DRIVER, "tests/test_accel.py"),
     "runtime/device.py::_environment": (DRIVER, "tests/test_inputs.py"),
-    "runtime/models.py::serving_dtype": (TYPE, "tests/test_tradeoff_statistics.py"),
+    "runtime/models.py::serving_dtype": (TYPE, "tests/chapter/test_batching_tradeoff.py"),
     "runtime/models.py::claim_dtype": (TYPE, "tests/test_inputs.py"),
     "runtime/models.py::llm_int8_unavailable": (TYPE, "tests/test_device_selection.py"),
     "runtime/models.py::unusable_twin_dtype": (TYPE, "tests/test_device_selection.py"),
@@ -74,24 +74,24 @@ EXCEPTIONS = {
     "runtime/premise.py::device_bound": (DRIVER, "tests/test_premise.py"),
     "runtime/premise.py::launch_floor": (DRIVER, "tests/test_launch_floor.py"),  # CUDA events simulated by a timer
     "runtime/premise.py::sized_length": (DRIVER, "tests/test_launch_floor.py"),
-    "chapter/kv.py::sized_prompt": (DRIVER, "tests/test_launch_floor.py"),  # on the fake CUDA machine, a simulated floor
+    "chapter/kv_cache/kv.py::sized_prompt": (DRIVER, "tests/test_launch_floor.py"),  # on the fake CUDA machine, a simulated floor
     "runtime/timing.py::interleaved": (DRIVER, "tests/test_noise.py"),
     "runtime/timing.py::interleaved_until_decided": (DRIVER, "tests/test_noise.py"),
-    "chapter/kv.py::marked_generation": (MODEL, "tests/test_kv_timing.py"),
-    "chapter/batching.py::kernel_probe": (MODEL, "tests/test_tradeoff_statistics.py"),
-    "chapter/evaluation.py::Table.fill": (MODEL, "fixtures/evaluation.py"),
-    "chapter/knee.py::measure_doubling": (MODEL, "tests/test_knee_search.py"),
+    "chapter/kv_cache/kv.py::marked_generation": (MODEL, "tests/chapter/test_kv_cache_timing.py"),
+    "chapter/batching/batching.py::kernel_probe": (MODEL, "tests/chapter/test_batching_tradeoff.py"),
+    "chapter/evaluation/evaluation.py::Table.fill": (MODEL, "fixtures/evaluation.py"),
+    "chapter/batching/knee.py::measure_doubling": (MODEL, "tests/chapter/test_batching_knee.py"),
     "runtime/models.py::twin": (MODEL, "tests/test_memory.py"),
     "runtime/models.py::stand_in": (MODEL, "fixtures/profiles.py"),
     "runtime/models.py::book": (MODEL, "tests/test_inputs.py"),
-    "chapter/crosscheck.py::_bitsandbytes_linear": (KERNEL, "tests/test_gpu.py"),
+    "chapter/quantization/crosscheck.py::_bitsandbytes_linear": (KERNEL, "tests/test_gpu.py"),
 }
 
 
 def device_taking() -> set[str]:
     """Every function and method of ``chapter/`` and ``runtime/`` with a parameter named ``device``."""
     found = set()
-    for path in sorted([*(PACKAGE / "chapter").glob("*.py"), *(PACKAGE / "runtime").glob("*.py")]):
+    for path in sorted([*(PACKAGE / "chapter").rglob("*.py"), *(PACKAGE / "runtime").glob("*.py")]):
         def visit(node, prefix=""):
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.ClassDef):
@@ -136,7 +136,8 @@ def test_each_exception_names_a_test_that_calls_it(function):
 
 def test_what_reads_only_the_devices_type_on_a_cuda_device(monkeypatch):
     """The TYPE exceptions without a test of their own, on a (fake) two-card machine's CUDA device."""
-    from cheapinfer.chapter import batch_curve, lowbit
+    from cheapinfer.chapter.batching import batch_curve
+    from cheapinfer.chapter.quantization import lowbit
     from cheapinfer.runtime import accel, timing
     from cheapinfer.runtime import device as devices
 

@@ -7,10 +7,10 @@ full list, every device-taking function placed, is checked by test_fake_cuda_cov
 
 - ``quant.extremes_kept``, ``quant.listing_blockwise`` and ``quant.rounding_rule`` read values back (``float``,
   ``bool``, ``tolist``): their tensors are the ones :func:`quant.fake_quantize` and :func:`quant.absmax_listing` make,
-  run here; ``test_chapter_properties`` tests them on the CPU.
+  run here; ``tests/chapter/test_quantization_properties.py`` tests them on the CPU.
 - Models (``models.twin``, ``stand_in``, ``book``, ``lowbit.variant``, ``kv.greedy_*``, ``kv_evidence``, ``batching``,
   ``evaluation``): transformers reads values back during a forward (masks, cache lengths); the model tests move
-  their inputs to ``model.device`` (``test_paging``, ``test_lowbit``), and ``pytest -m gpu`` runs them on a GPU.
+  their inputs to ``model.device`` (``tests/chapter/test_batching_paging.py``, ``test_quantization_lowbit.py``), and ``pytest -m gpu`` runs them on a GPU.
 - ``lowbit.Int8Linear``/``Int4Linear``: torch's int8/int4 packed kernels have no fake (meta) implementation for
   every device; their codes come from :func:`quant.quantize`, run here, and ``lowbit._has_kernel`` says whether the
   device has the kernel.
@@ -26,7 +26,10 @@ import pytest
 import torch
 from fake_cuda import fake_cuda_tensors
 
-from cheapinfer.chapter import asides, kv, kv_evidence, paging, quant
+from cheapinfer.chapter.asides import asides
+from cheapinfer.chapter.batching import paging
+from cheapinfer.chapter.kv_cache import kv, kv_evidence
+from cheapinfer.chapter.quantization import quant
 from cheapinfer.runtime import accel, hf, rounding
 
 CUDA = torch.device("cuda", 0)
@@ -118,7 +121,7 @@ def test_the_stream_probes_on_the_device():
 
 
 def test_the_suites_model_tests_feed_ids_on_the_models_device():
-    """The model tests (test_paging, test_lowbit) hand their ids over through ``hf.model_ids``: on a model whose
+    """The model tests (test_batching_paging, test_quantization_lowbit) hand their ids over through ``hf.model_ids``: on a model whose
     parameters are on CUDA, the ids reach its embedding on CUDA, from a tensor or a list."""
     with fake_cuda_tensors(), torch.no_grad():  # no autograd: a CPU build of torch cannot record a fake CUDA leaf
         model = torch.nn.Embedding(64, 8, device="cuda").requires_grad_(False)

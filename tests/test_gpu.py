@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_inputs import _pytest  # pytest puts tests/ on the path
 
-from cheapinfer.chapter import crosscheck, quant
+from cheapinfer.chapter.quantization import crosscheck, quant
 from cheapinfer.harness import merge, registry
 from cheapinfer.runtime import profiles, rounding
 
@@ -301,7 +301,7 @@ def test_bitsandbytes_on_the_gpu_gives_the_suites_perplexity(kind, stand_in, qua
     the ratio to the EVAL row of the same scheme (fp16 scales): its weights are not the ones
     bitsandbytes holds.
     """
-    from cheapinfer.chapter import perplexity
+    from cheapinfer.chapter.evaluation import perplexity
     from cheapinfer.runtime import corpus, models
 
     if kind == "int8" and models.llm_int8_unavailable(stand_in.device):

@@ -460,7 +460,7 @@ def test_a_broken_registry_is_one_line_and_exit_4_from_every_command(command, ca
 def test_a_blank_why_is_refused(why):
     text = f'''
 [KV-MACS]
-section = "KV"
+section = "kv_cache"
 statement = "s"
 book = {{ macs = 1 }}
 checks = [{{ q = "macs", form = "exact", why = {json.dumps(why)} }}]
@@ -471,7 +471,7 @@ checks = [{{ q = "macs", form = "exact", why = {json.dumps(why)} }}]
 
 def test_a_registry_id_that_is_no_claim_id_is_refused():
     with pytest.raises(registry.RegistryError, match="not a claim ID"):
-        registry.parse('["KV\\u001b[31m"]\nsection = "KV"\nstatement = "s"\n')
+        registry.parse('["KV\\u001b[31m"]\nsection = "kv_cache"\nstatement = "s"\n')
 
 
 def test_interrupted_claims_are_recorded_as_interrupted_not_unselected():

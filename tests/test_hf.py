@@ -11,7 +11,7 @@ from cheapinfer.runtime import hf
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_KEYWORDS = set(hf.CACHE_NAMES)
 #: Functions that run the chapter's listing exactly as printed (``past_key_values=``): KV-API measures that spelling.
-LISTING = {("cheapinfer/chapter/kv_listing.py", "listing_continuation"), ("cheapinfer/chapter/kv_listing.py", "listing_api")}
+LISTING = {("cheapinfer/chapter/kv_cache/kv_listing.py", "listing_continuation"), ("cheapinfer/chapter/kv_cache/kv_listing.py", "listing_api")}
 
 
 def _sources() -> list[Path]:
@@ -64,7 +64,7 @@ def test_the_keyword_check_sees_a_direct_cache_keyword(tmp_path):
 
 
 #: The one call of ``.crop`` outside cheapinfer.runtime.hf: the suite's own paged layer hands a crop to its own cache.
-OWN_CROPS = {("cheapinfer/chapter/paging.py", "self.owner.crop")}
+OWN_CROPS = {("cheapinfer/chapter/batching/paging.py", "self.owner.crop")}
 
 
 def _direct_crops(path: Path, root: Path = ROOT) -> list[str]:
@@ -158,7 +158,7 @@ def test_the_trace_sees_a_request_admitted_beside_other_histories(reset):
     token alone; with its mask left over from the previous occupant (the catalogue's fault) it reads that request's cache columns."""
     import contextlib
 
-    from cheapinfer.chapter import scheduler
+    from cheapinfer.chapter.batching import scheduler
     from cheapinfer.faults import catalogue, core  # noqa: F401  (importing the catalogue registers its faults)
     from cheapinfer.runtime import evidence
 
@@ -206,7 +206,7 @@ def test_the_speculative_loop_emits_the_targets_greedy_tokens_and_stops_in_one_l
 
     from transformers import DynamicCache
 
-    from cheapinfer.chapter import speculative as spec
+    from cheapinfer.chapter.speculative import speculative as spec
 
     target, draft = _tiny().double(), _tiny(layers=1).double()
     prompt = torch.randint(0, 97, (5,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -222,8 +222,8 @@ def test_a_speculative_loop_whose_target_cache_is_swallowed_runs_on_and_its_trac
     """A target handed its cache under a keyword the model swallows (4.x and ``cache=``) leaves the cache empty: that is no
     failed rollback. The loop runs on, every pass recomputing the whole sequence, still emits the target's greedy tokens,
     and its trace reports the target's forwards as run without a cache, which makes its claims deviate."""
-    from cheapinfer.chapter import speculative as spec
-    from cheapinfer.faults.catalogue.common import misspelled_while
+    from cheapinfer.chapter.speculative import speculative as spec
+    from cheapinfer.faults.catalogue.patches import misspelled_while
 
     target, draft = _tiny().double(), _tiny(layers=1).double()
     prompt = torch.randint(0, 97, (5,), generator=torch.Generator().manual_seed(2)).tolist()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from fake_cuda import FakeCuda
 
-from cheapinfer.chapter import kv, kv_macs
+from cheapinfer.chapter.kv_cache import kv, kv_macs
 from cheapinfer.runtime import device as devices
 from cheapinfer.runtime import premise
 

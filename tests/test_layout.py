@@ -313,6 +313,53 @@ def _claim_module_faults(root: Path = ROOT) -> list[str]:
     return bad
 
 
+def _section_names(root: Path = ROOT) -> dict[str, set[str]]:
+    """The chapter's section names as each place spells them: the registry's section keys (read from its ``section =``
+    lines), ``claims/test_<section>.py``, ``chapter/<section>/``, ``faults/catalogue/<section>.py``, and the
+    ``tests/chapter/test_<section>_*.py`` prefixes (``stats``: ``chapter/stats.py``, no section's)."""
+    import re
+
+    registry = (root / "cheapinfer" / "registry.toml").read_text(encoding="utf-8")
+    chapter, catalogue = root / "cheapinfer" / "chapter", root / "cheapinfer" / "faults" / "catalogue"
+    names = {
+        "registry.toml": set(re.findall(r'(?m)^section = "([^"]+)"$', registry)),
+        "claims/": {p.stem.removeprefix("test_") for p in (root / "claims").glob("test_*.py")},
+        "chapter/": {p.parent.name for p in chapter.glob("*/__init__.py")},
+        "faults/catalogue/": {p.stem for p in catalogue.glob("*.py")} - {"__init__", "patches"},
+    }
+    sections = names["registry.toml"]
+    prefixes = {next((s for s in sorted(sections | {"stats"}, key=len, reverse=True) if p.stem.startswith(f"test_{s}_")), p.stem)
+                for p in (root / "tests" / "chapter").glob("test_*.py")}
+    names["tests/chapter/"] = prefixes
+    return names
+
+
+def test_one_name_per_section_everywhere():
+    """Issue #44: a section has one name, the registry's key, and every place that is per section uses it (its claims'
+    tests, its measurements, its faults; its self-tests are named for it). The registry's SECTIONS are the keys."""
+    from cheapinfer.harness import registry
+
+    names = _section_names()
+    assert names["registry.toml"] == set(registry.SECTIONS), names["registry.toml"] ^ set(registry.SECTIONS)
+    for place in ("claims/", "chapter/", "faults/catalogue/"):
+        assert names[place] == set(registry.SECTIONS), f"{place}: {sorted(names[place] ^ set(registry.SECTIONS))} (the sections are {sorted(registry.SECTIONS)})"
+    assert names["tests/chapter/"] <= set(registry.SECTIONS) | {"stats"}, f"tests/chapter/ files named for no section: {sorted(names['tests/chapter/'] - set(registry.SECTIONS))}"
+
+
+def test_the_section_check_sees_a_section_named_twice(tmp_path):
+    """The check itself: a claims file under an old name is a name the registry lacks."""
+    for d in ("cheapinfer/chapter/kv_cache", "cheapinfer/faults/catalogue", "claims", "tests/chapter"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "cheapinfer" / "registry.toml").write_text('[KV-X]\nsection = "kv_cache"\n', encoding="utf-8")
+    (tmp_path / "cheapinfer" / "chapter" / "kv_cache" / "__init__.py").write_text("")
+    (tmp_path / "cheapinfer" / "faults" / "catalogue" / "kv.py").write_text("")
+    (tmp_path / "claims" / "test_kv_cache.py").write_text("")
+    (tmp_path / "tests" / "chapter" / "test_kv_timing.py").write_text("")
+    names = _section_names(tmp_path)
+    assert names["registry.toml"] == names["claims/"] == names["chapter/"] == {"kv_cache"}
+    assert names["faults/catalogue/"] == {"kv"} and names["tests/chapter/"] == {"test_kv_timing"}
+
+
 def test_claims_hold_only_thin_claim_tests():
     """``claims/`` holds only tests marked ``claim(ID)``; their helpers come from the package (the test helpers from
     ``cheapinfer.testing``), never from ``fixtures/``, whose modules are the plugin's."""

@@ -59,7 +59,7 @@ def test_a_listing_marked_verbatim_is_the_function_its_claim_runs(seed):
 def _listings_check():
     """The statement comparison sees a changed bound or a missing statement, and ignores spacing and comments; a listing
     is a run of code paragraphs a blank line apart, prose and bare words left out."""
-    runs = "cheapinfer/chapter/quant.py:absmax_listing"
+    runs = "cheapinfer/chapter/quantization/quant.py:absmax_listing"
     listing = ("qmax  = 2 ** (bits - 1) - 1\nscale = W.abs().max() / qmax   \n"
                "Wq    = torch.round(W / scale).clamp(-qmax - 1, qmax)\nW_hat = Wq * scale   # dequantized")
     assert explanations.same_statements(listing, runs)
@@ -93,7 +93,7 @@ def test_a_listing_without_its_claim_or_why_is_refused():
 def test_the_cached_loop_as_printed_runs_with_the_side_effects_its_text_promises():
     """The printed text, executed on a small random model: the tokens and deprecation messages of listing_continuation
     (what KV-API runs), and state kept between steps: each step is fed one token and a cache one token longer."""
-    from cheapinfer.chapter import kv_listing, kv_macs
+    from cheapinfer.chapter.kv_cache import kv_listing, kv_macs
     from cheapinfer.runtime import hf
 
     source = _printed(SEEDS[0])["kv-cached-loop"]

@@ -91,7 +91,7 @@ def test_a_quantized_copy_holds_its_quantized_matrices_and_shares_every_other_te
 
     import torch
 
-    from cheapinfer.chapter import quant
+    from cheapinfer.chapter.quantization import quant
     from cheapinfer.runtime import models
 
     base = models.twin("fp32", **SMALL).model

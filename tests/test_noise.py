@@ -125,7 +125,7 @@ def test_a_pending_rule_adds_rounds_until_it_is_satisfied_and_extra_seconds_cap_
 
 def test_one_real_runs_noise_is_what_its_step_times_explain():
     """BAT-STATIC-CONT's real ratio and prediction error: standard errors propagated from the probes' spread (delta method)."""
-    from cheapinfer.chapter import scheduler, workload
+    from cheapinfer.chapter.batching import scheduler, workload
 
     lengths, slots = workload.skewed_lengths(), 8
     cost = {k: 0.010 + 0.001 * k for k in range(1, slots + 1)}

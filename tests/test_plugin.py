@@ -129,7 +129,7 @@ def test_no_cheapinfer_leaves_the_plugin_out(pytester, conftest):
 _ONE_CLAIM = '''
 @pytest.mark.claim("KV-BYTES-FORMULA")
 def test_claim(claim):
-    from cheapinfer.chapter import kv
+    from cheapinfer.chapter.kv_cache import kv
     from cheapinfer.runtime.arch import QWEN25_05B
 
     claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))

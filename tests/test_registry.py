@@ -102,20 +102,20 @@ def test_tolerances_are_finite_and_explained():
 @pytest.mark.parametrize(
     "entry, problem",
     [
-        ('[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 1}\nchecks = [{q = "a", form = "exact"}]', "why"),
-        ('[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 1}\nchecks = [{q = "a", form = "rel", why = "w"}]', "finite tol"),
-        ('[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 1}\nchecks = [{q = "b", form = "exact", why = "w"}]', "names no book value"),
-        ('[X]\nsection = "KV"\nstatement = "s"\nbook = {}\nchecks = [{q = "b", kind = "shape", op = "~", bound = 1, why = "w"}]', "op in"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\nbook = {a = 1}\nchecks = [{q = "a", form = "exact"}]', "why"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\nbook = {a = 1}\nchecks = [{q = "a", form = "rel", why = "w"}]', "finite tol"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\nbook = {a = 1}\nchecks = [{q = "b", form = "exact", why = "w"}]', "names no book value"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\nbook = {}\nchecks = [{q = "b", kind = "shape", op = "~", bound = 1, why = "w"}]', "op in"),
         ('[X]\nsection = "NOPE"\nstatement = "s"', "section"),
-        ('[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["laptop"]', "unknown profile"),
-        ('[X]\nsection = "KV"\nstatement = "s"\nbook = {a = 1}\nruns_on = ["book"]\nchecks = [{q = "a", form = "exact", why = "w", profiles = ["arithmetic"]}]',
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\nruns_on = ["laptop"]', "unknown profile"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\nbook = {a = 1}\nruns_on = ["book"]\nchecks = [{q = "a", form = "exact", why = "w", profiles = ["arithmetic"]}]',
          "names profiles the claim does not run on"),
-        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "sometimes"', "timing 'sometimes' is none of clocked, counted"),
-        ('[X]\nsection = "KV"\nstatement = "s"', "timing is missing"),
-        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\n'
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\ntiming = "sometimes"', "timing 'sometimes' is none of clocked, counted"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"', "timing is missing"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\n'
          'checks = [{q = "r", kind = "shape", op = ">", bound = 2.0, noise = "rounds", why = "w"}]', "its check 'r' is read from timing rounds: it is clocked"),
-        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nslow = "yes"', "slow 'yes' is not true or false"),
-        ('[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nslwo = true', "unknown field 'slwo'"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\ntiming = "counted"\nslow = "yes"', "slow 'yes' is not true or false"),
+        ('[X]\nsection = "kv_cache"\nstatement = "s"\ntiming = "counted"\nslwo = true', "unknown field 'slwo'"),
     ],
     ids=["no-reason", "no-tolerance", "unknown-value", "unknown-op", "unknown-section", "unknown-profile", "check-off-the-claims-profiles",
          "unknown-timing", "no-timing", "counted-but-noisy", "slow-not-a-bool", "misspelt-field"],
@@ -126,9 +126,9 @@ def test_malformed_registry_entries_are_rejected(entry, problem):
 
 
 def test_timing_is_declared_and_a_noise_check_implies_clocked():
-    noisy = registry.parse('[N]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nslow = true\n'
+    noisy = registry.parse('[N]\nsection = "kv_cache"\nstatement = "s"\nruns_on = ["twin"]\nslow = true\n'
                            'checks = [{q = "r", kind = "shape", op = ">", bound = 2.0, noise = "rounds", why = "w"}]')["N"]
-    counted = registry.parse('[C]\nsection = "KV"\nstatement = "s"\ntiming = "counted"')["C"]
+    counted = registry.parse('[C]\nsection = "kv_cache"\nstatement = "s"\ntiming = "counted"')["C"]
     assert (noisy.timing, noisy.slow, counted.timing, counted.slow) == ("clocked", True, "counted", False)
     claims = registry.load()
     assert registry.clocked_claims() == {c for c, claim in claims.items() if claim.timing == "clocked"}
@@ -138,7 +138,7 @@ def test_timing_is_declared_and_a_noise_check_implies_clocked():
 
 def test_digits_are_reported_not_asserted_off_their_profiles():
     claim = registry.parse(
-        '[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nbook = {a = 10.0}\nruns_on = ["stand-in", "book"]\ndigits_on = ["book"]\n'
+        '[X]\nsection = "kv_cache"\nstatement = "s"\ntiming = "counted"\nbook = {a = 10.0}\nruns_on = ["stand-in", "book"]\ndigits_on = ["book"]\n'
         'checks = [{q = "a", form = "rel", tol = 0.1, why = "w"}, {q = "r", kind = "shape", op = ">", bound = 1.0, why = "w"}]'
     )["X"]
     assert verdicts.judge(claim, {"a": 50.0, "r": 2.0}, "stand-in").verdict == SHAPE_HOLDS
@@ -150,7 +150,7 @@ def test_digits_are_reported_not_asserted_off_their_profiles():
 def test_a_check_with_profiles_is_judged_only_there():
     """The book against itself (arithmetic, from its printed numbers) beside a model's measurement of the same claim."""
     claim = registry.parse(
-        '[X]\nsection = "OUT"\nstatement = "s"\ntiming = "counted"\nbook = {total = 896, n = 100}\nruns_on = ["arithmetic", "book"]\n'
+        '[X]\nsection = "outliers"\nstatement = "s"\ntiming = "counted"\nbook = {total = 896, n = 100}\nruns_on = ["arithmetic", "book"]\n'
         'digits_on = ["arithmetic", "book"]\nchecks = [{q = "total", form = "exact", why = "w"}, '
         '{q = "n", form = "exact", why = "w", profiles = ["book"]}]'
     )["X"]
@@ -164,7 +164,7 @@ def test_a_check_with_profiles_is_judged_only_there():
 # ------------------------------------------------------------------------------------------------
 
 _KINDS = registry.parse(
-    '[X]\nsection = "KV"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\ndigits_on = ["twin"]\n'
+    '[X]\nsection = "kv_cache"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\ndigits_on = ["twin"]\n'
     'book = {exact = 12288, flag = true, rel = 10.0, abs = 1.0, more = 10.0, some = [2, 3]}\n'
     "checks = ["
     '{q = "exact", form = "exact", why = "w"}, {q = "flag", form = "exact", why = "w"},'
@@ -220,7 +220,7 @@ def test_a_perturbed_judgement_carries_its_perturbed_claim_judged_once(monkeypat
 
 
 _ERRATUM = (
-    '[E]\nsection = "BAT"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin", "book"]\ndigits_on = ["twin", "book"]\n'
+    '[E]\nsection = "batching"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin", "book"]\ndigits_on = ["twin", "book"]\n'
     "book = {speedup = 1.6, other = 2.0}\n"
     'source = {speedup = {printed = "1.6x"}, other = {derived = "1.6 + 0.4", from = ["speedup"]}}\n'
     'checks = [{q = "speedup", form = "rel", tol = 0.1, why = "w"}, {q = "other", form = "rel", tol = 0.1, why = "w"},'
@@ -322,7 +322,7 @@ def test_an_erratum_range_that_is_no_version_specifier_is_rejected():
 # ------------------------------------------------------------------------------------------------
 
 _NOISY = (
-    '[N]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    '[N]\nsection = "kv_cache"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
     'checks = [{q = "speedup", kind = "shape", op = ">", bound = 2.0, noise = "rounds", why = "w"},'
     '{q = "found", kind = "shape", op = "==", bound = true, searched = true, why = "w"},'
     '{q = "rows", kind = "shape", op = "==", bound = 1, why = "w"}]\n'
@@ -393,7 +393,7 @@ def test_a_perturbed_noisy_check_fails_beyond_its_noise():
 
 
 _FOUND = (
-    '[F]\nsection = "BAT"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    '[F]\nsection = "batching"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
     'checks = [{q = "found", kind = "shape", op = "==", bound = true, searched = true, why = "w"},'
     '{q = "gain", kind = "shape", op = ">", bound = 1.6, noise = "rounds", when_found = "found", why = "w"},'
     '{q = "rows", kind = "shape", op = "==", bound = 1, why = "w"}]\n'
@@ -414,7 +414,7 @@ def test_a_check_on_what_was_searched_for_is_judged_only_where_it_was_found(meas
 
 def test_a_check_measured_when_something_is_found_must_name_a_search_or_a_premise():
     with pytest.raises(RegistryError, match="no searched or measurable check"):
-        registry.parse('[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{q = "x", kind = "shape", op = ">", bound = 1.0, '
+        registry.parse('[X]\nsection = "kv_cache"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{q = "x", kind = "shape", op = ">", bound = 1.0, '
                        'when_found = "found", why = "w"}]\n')
 
 
@@ -427,11 +427,11 @@ def test_a_check_measured_when_something_is_found_must_name_a_search_or_a_premis
 ])
 def test_malformed_noisy_and_searched_checks_are_rejected(check, problem):
     with pytest.raises(RegistryError, match=problem):
-        registry.parse(f'[X]\nsection = "KV"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{check}]\n')
+        registry.parse(f'[X]\nsection = "kv_cache"\nstatement = "s"\nruns_on = ["twin"]\nchecks = [{check}]\n')
 
 
 _PREMISE = (
-    '[P]\nsection = "BAT"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\ndigits_on = []\n'
+    '[P]\nsection = "batching"\nstatement = "s"\ntiming = "counted"\nruns_on = ["twin"]\ndigits_on = []\n'
     'checks = [{q = "pairs", kind = "shape", op = "==", bound = 0, why = "w"},'
     '{q = "premise", kind = "shape", op = "==", bound = true, measurable = true, why = "w"}]\n'
 )
@@ -456,7 +456,7 @@ def test_a_premise_this_device_cannot_measure_is_inconclusive_with_its_reason(pa
 
 
 _GATED = (
-    '[G]\nsection = "Q"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
+    '[G]\nsection = "quantization"\nstatement = "s"\nruns_on = ["twin"]\ndigits_on = []\n'
     'checks = [{q = "premise", kind = "shape", op = "==", bound = true, measurable = true, why = "w"},'
     '{q = "speedup", kind = "shape", op = ">=", bound = 1.25, noise = "rounds", when_found = "premise", why = "w"},'
     '{q = "over", kind = "shape", op = "<=", bound = 1.0, why = "w"}]\n'
@@ -482,7 +482,7 @@ def test_every_clocked_claim_gives_its_timing_one_bound_per_noisy_quantity(devic
     """The timing spends extra rounds while a noisy check is within its noise (fixtures.profiles.noisy_bounds): one bound
     per quantity, per claim and for the claims the batch curve times together. A limit is decided within its noise
     (it passes there), so it asks for no rounds and may bound a quantity from the other side."""
-    from cheapinfer.chapter.batch_curve import CURVE_CLAIMS
+    from cheapinfer.chapter.batching.batch_curve import CURVE_CLAIMS
     from fixtures.profiles import noisy_bounds
 
     for claim_id in registry.load():

@@ -39,7 +39,7 @@ import pytest
 
 @pytest.mark.claim("KV-BYTES-FORMULA")
 def test_claim(claim):
-    from cheapinfer.chapter import kv
+    from cheapinfer.chapter.kv_cache import kv
     from cheapinfer.runtime.arch import QWEN25_05B
 
     claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))

@@ -50,7 +50,7 @@ def _built_record() -> dict:
     rec.not_run("KV-API", "twin", "cpu", f"{vocabulary.ERROR_REASON}: ImportError", test="claims/test_kv_cache.py::y", harness_error=True)
     results = [r.to_dict() for r in rec.results]
     fault = {"schema": schema.FAULT_SCHEMA, "suite": "cheapinfer 0", "created": "2026-01-01T00:00:00Z", "runs": 1, "mode": vocabulary.SWEEP,
-             "seconds": 1.0, "uncovered": [], "faults": {"f": {"section": "KV", "kind": "k", "what": "w", "targets": ["KV-IDENTITY"], "clocked": False,
+             "seconds": 1.0, "uncovered": [], "faults": {"f": {"section": "kv_cache", "kind": "k", "what": "w", "targets": ["KV-IDENTITY"], "clocked": False,
                                                               "runs": [{"KV-IDENTITY": vocabulary.RED}], "caught": 1, "seconds": 1.0}}}
     tested = {"KV-BYTES-FORMULA": ["t"], "KV-HEAD-TIMING": ["t"], "KV-IDENTITY": ["t"], "KV-API": ["t"], "KV-MACS": ["t"]}
     return record.build(results, {"cpu": "x", "torch": "2"}, {"id": "abc", "command": "pytest"}, tested, faults={"KV-IDENTITY": ["f"]}, fault_run=fault)

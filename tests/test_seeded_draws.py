@@ -4,12 +4,13 @@ the record. Tested here on a few draws, without a model."""
 
 import pytest
 
-from cheapinfer.chapter import paged_scheduler, workload
+from cheapinfer.chapter import stats
+from cheapinfer.chapter.batching import paged_scheduler, workload
 from cheapinfer.faults.core import activate
 from cheapinfer.harness import registry, registry_fields, verdict, vocabulary
 
 CLAIM = registry.parse('''[X-1]
-section = "BAT"
+section = "batching"
 statement = "s"
 book = { ratio = 1.6 }
 runs_on = ["twin"]
@@ -54,7 +55,7 @@ def test_static_and_continuous_over_a_few_draws_give_the_rules_numbers():
     sens = workload.sensitivity(workload.skewed_lengths(), 8, cost, draws=20)
     got = verdict.over_draws(registry.get("BAT-STATIC-CONT"), "throughput_ratio", sens.throughput)
     assert got["throughput_ratio_draws"] == 21 and got["throughput_ratio_p05"] <= got["throughput_ratio"] <= got["throughput_ratio_p95"]
-    assert got["throughput_ratio_share_holding"] == sens.share(sens.throughput, 1.55, 1.65)
+    assert got["throughput_ratio_share_holding"] == stats.share(sens.throughput, 1.55, 1.65)
     assert sens.repeated_workloads() == 0
 
 
@@ -92,7 +93,7 @@ def test_the_pool_without_the_model_is_the_real_runs_pool():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from cheapinfer.chapter.paging import run_waste
+    from cheapinfer.chapter.batching.paging import run_waste
 
     torch.manual_seed(0)
     config = Qwen2Config(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=16, intermediate_size=32, vocab_size=64)

@@ -66,7 +66,7 @@ def test_units_of_rounding_are_the_bound_over_the_roundoff():
 
 
 def test_the_cpu_length_divisor_stated_is_the_codes():
-    from cheapinfer.chapter import batch_curve
+    from cheapinfer.chapter.batching import batch_curve
 
     for claim_id in ("PAGE-WASTE", "BAT-STATIC-CONT"):
         note = registry.get(claim_id).note
@@ -76,7 +76,7 @@ def test_the_cpu_length_divisor_stated_is_the_codes():
 
 def test_the_implied_draft_cost_stated_is_the_formulas():
     """SPEC-GAMMA8's note states the c each printed speedup implies; recomputed from the printed speedups."""
-    from cheapinfer.chapter import speculative
+    from cheapinfer.chapter.speculative import speculative
 
     claim = registry.get("SPEC-GAMMA8")
     b = claim.book
@@ -93,7 +93,7 @@ def test_the_fp16_score_bytes_stated():
 def test_the_kept_tokens_band_separates_the_printed_gamma_from_its_neighbours():
     """SPEC-SLOWDOWN's kept_tokens_exact: the formula at the printed 30 % and gamma = vijf - 1, to the digits the registry
     gives it; its tolerance half the gap to the nearest other draft length, so no other gamma lies inside it."""
-    from cheapinfer.chapter import speculative
+    from cheapinfer.chapter.speculative import speculative
 
     claim = registry.get("SPEC-SLOWDOWN")
     b = claim.book
@@ -120,7 +120,7 @@ def test_the_int8_rounding_floor_is_its_derivation_and_holds_on_real_rounding():
     every weight is its largest, sits on the grid (the why's 'reached only by')."""
     import math
 
-    from cheapinfer.chapter import quant_error
+    from cheapinfer.chapter.quantization import quant_error
 
     floor = 1 / (127 * math.sqrt(12))
     bound = _bound("Q-ERROR-TABLE", "int8_row_worst", ">")
@@ -137,7 +137,7 @@ def test_the_int8_rounding_floor_is_its_derivation_and_holds_on_real_rounding():
 def test_the_byte_floors_are_the_codes_and_the_least_scale():
     """Q-BYTES-SPEED's floors: 8-bit codes over 16-bit weights; 4-bit codes plus the least scale of the suite's 4-bit
     layouts (a 16-bit scale per group of 128; an 8-bit absmax per NF4 block of 64) over 16 bits."""
-    from cheapinfer.chapter import quant
+    from cheapinfer.chapter.quantization import quant
 
     assert _bound("Q-BYTES-SPEED", "bytes_ratio_8bit", ">=") == 8 / 16
     g128 = 4 + torch.finfo(quant.SCALE_DTYPE).bits / 128
@@ -160,7 +160,8 @@ def test_at_least_one_level_and_a_group_scheme_short_of_exact():
     Q-ROW-3.4's gap_recovered < 1 - 1 / (7 sqrt 12) (group-128's rounding floor, the per-tensor error at most 1)."""
     import math
 
-    from cheapinfer.chapter import outliers, quant_error
+    from cheapinfer.chapter.outliers import outliers
+    from cheapinfer.chapter.quantization import quant_error
 
     assert _bound("Q-TWO-THREE-LEVELS", "levels_worst", ">=") == 1 == _bound("OUT-ONE-LEVEL", "median_dim_levels", ">=")
     g = torch.Generator().manual_seed(1)
@@ -197,7 +198,7 @@ def test_the_speedup_and_peak_floors_are_their_derivations():
 def test_the_gain_before_the_knee_reads_the_book_curve_and_its_fault_passes_the_2x():
     """BAT-KNEE's gain_before_on_book_curve: 1.9 on the known curve, on every machine; the fault that reads the steepest
     doubling over two doublings gives 1.9^2 there, beyond gain_before_knee's limit of 2."""
-    from cheapinfer.chapter import knee
+    from cheapinfer.chapter.batching import knee
     from cheapinfer.faults import catalogue  # noqa: F401  (registers the faults)
     from cheapinfer.faults.core import FAULTS
 
@@ -211,7 +212,7 @@ def test_the_byte_floors_hold_on_the_real_layouts_and_their_fault_undercounts_be
     """Q-BYTES-SPEED's floors on a two-layer twin: the int8 and int4 kernels' streamed bytes over the bf16 model's lie
     between the floors and the upper bounds; the fault that counts 8-bit tensors as packed nibbles puts them below the
     floors while the upper bounds still pass (the other side is what sees it)."""
-    from cheapinfer.chapter import lowbit
+    from cheapinfer.chapter.quantization import lowbit
     from cheapinfer.faults import catalogue  # noqa: F401  (registers the faults)
     from cheapinfer.faults.core import FAULTS
     from cheapinfer.runtime import models, roofline

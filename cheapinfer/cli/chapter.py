@@ -9,7 +9,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..chapter.budget import ASSUMPTIONS, GIB, MODELS, RESERVE_GIB, TABLE_HEADER, budget, table_rows, tables
+from ..chapter.budget.budget import ASSUMPTIONS, GIB, MODELS, RESERVE_GIB, TABLE_HEADER, budget, table_rows, tables
 from .common import Command, Parser, positive
 
 

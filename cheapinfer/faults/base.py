@@ -4,7 +4,7 @@ A fault is a realistic bug in the measured system or a library regression, writt
 that patches the measurement code (never the registry, never a test) and names the claims it is expected
 to turn red. A fault is registered with :func:`fault`::
 
-    @fault("kv-decode-ignores-cache", section="KV", kind=DISABLED, targets=("KV-DECODE-FLAT",),
+    @fault("kv-decode-ignores-cache", section="kv_cache", kind=DISABLED, targets=("KV-DECODE-FLAT",),
            what="the decode step drops the cache it is given and recomputes the whole history")
     def _():
         with patched(kv, "decode_step", broken_decode_step):

@@ -15,7 +15,8 @@ from typing import Callable, ContextManager, Iterator
 
 import torch
 
-from ..chapter import kv, quant
+from ..chapter.kv_cache import kv
+from ..chapter.quantization import quant
 from ..runtime import accel, hf, models, premise
 from ..runtime import device as devices
 from .base import patched

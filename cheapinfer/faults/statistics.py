@@ -1,7 +1,7 @@
 """The battery statistics' faults: the suite's own bugs in what a battery of n questions can resolve, not the
 chapter's. What n = 16 can tell apart (the exact interval's coverage, the gap at which two intervals part, the
 fewest one-way changes McNemar's test calls significant, one question never) is a theorem about the statistics, so
-it is no claim: tests/test_battery_statistics.py checks it, and runs it under each fault here, where it must fail.
+it is no claim: tests/chapter/test_stats_battery.py checks it, and runs it under each fault here, where it must fail.
 
 :data:`STAT_FAULTS`: fault name -> :class:`~cheapinfer.faults.base.SuiteFault` (the bug in one sentence, the context
 manager that holds it).
@@ -9,9 +9,9 @@ manager that holds it).
 
 from __future__ import annotations
 
-from scipy import stats
+from scipy import stats as scipy_stats
 
-from ..chapter import battery
+from ..chapter import stats
 from .base import patched, suite_faults
 
 BATTERY = "battery statistics"
@@ -24,19 +24,19 @@ def _fault(name: str, what: str):
 
 @_fault("interval-wrong-level", "the binomial interval is given the significance level (0.05) where it expects the confidence level (0.95)")
 def _():
-    real = battery.binomial_interval
-    with patched(battery, "binomial_interval", lambda k, n, confidence=battery.CONFIDENCE: real(k, n, 1 - confidence)):
+    real = stats.binomial_interval
+    with patched(stats, "binomial_interval", lambda k, n, confidence=stats.CONFIDENCE: real(k, n, 1 - confidence)):
         yield
 
 
 @_fault("interval-wald", "the interval is Wald's normal approximation, p +- 1.96 sqrt(p (1 - p) / n), whose coverage falls far below 95% at n = 16")
 def _():
-    def wald(k, n, confidence=battery.CONFIDENCE):
-        p, z = k / n, float(stats.norm.ppf(0.5 + confidence / 2))
+    def wald(k, n, confidence=stats.CONFIDENCE):
+        p, z = k / n, float(scipy_stats.norm.ppf(0.5 + confidence / 2))
         half = z * (p * (1 - p) / n) ** 0.5
         return max(0.0, p - half), min(1.0, p + half)
 
-    with patched(battery, "binomial_interval", wald):
+    with patched(stats, "binomial_interval", wald):
         yield
 
 
@@ -46,8 +46,8 @@ def _():
         lost = sum(a and not b for a, b in zip(first, second))
         gained = sum(b and not a for a, b in zip(first, second))
         if lost + gained == 0:
-            return battery.PairedChange(0, 0, 1.0)
-        return battery.PairedChange(lost, gained, float(stats.binomtest(max(lost, gained), lost + gained, 0.5, alternative="greater").pvalue))
+            return stats.PairedChange(0, 0, 1.0)
+        return stats.PairedChange(lost, gained, float(scipy_stats.binomtest(max(lost, gained), lost + gained, 0.5, alternative="greater").pvalue))
 
-    with patched(battery, "mcnemar_exact", one_sided):
+    with patched(stats, "mcnemar_exact", one_sided):
         yield

@@ -11,7 +11,7 @@ from typing import Any
 
 from .numbers import value_text
 from .schema import ClaimEntry, RunRecord
-from .tables import machine_label, markdown_table
+from .tables import machine_label, markdown_table, section_key
 from .vocabulary import DEVIATES, KEY_ENVIRONMENT, NOT_RUN, VERDICTS
 
 # ----------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def merge(records: list[RunRecord], sources: list[str]) -> dict[str, Any]:
     for cid in ids:
         first = next(rec["claims"][cid] for rec in records if cid in rec["claims"])
         claims[cid] = {
-            "section": first["section"],
+            "section": section_key(first["section"]),
             "statement": first["statement"],
             "book": first.get("book", {}),
             "machines": {

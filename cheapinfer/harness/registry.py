@@ -70,17 +70,11 @@ NOISE_KINDS = ("rounds", "steps")
 NOISE_WORDS = {"rounds": "standard error over the rounds", "steps": "standard error from the run's step-time noise"}
 
 PROFILES = ("arithmetic", "twin", "stand-in", "book")
-SECTIONS = {
-    "KV": "1. KV cache",
-    "BAT": "2. Batching",
-    "Q": "3. Weight quantization",
-    "OUT": "4. Activation outliers",
-    "EVAL": "5. Does quantization hurt?",
-    "SPEC": "6. Speculative decoding",
-    "DIST": "7. Distillation",
-    "BUD": "8. The budget",
-    "ASIDE": "9. Asides",
-}
+#: The chapter's sections by their one name, also that of claims/test_<section>.py, chapter/<section>/ and
+#: faults/catalogue/<section>.py (tests/test_layout.py), and their titles. Old records' keys: tables.section_key.
+SECTIONS = {"kv_cache": "1. KV cache", "batching": "2. Batching", "quantization": "3. Weight quantization", "outliers": "4. Activation outliers",
+            "evaluation": "5. Does quantization hurt?", "speculative": "6. Speculative decoding", "distillation": "7. Distillation",
+            "budget": "8. The budget", "asides": "9. Asides"}
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
 _FORMS = ("exact", "rel", "abs", "bound", "one_of")
 SOURCE_KINDS = ("printed", "reading", "derived")

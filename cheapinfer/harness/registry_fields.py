@@ -3,7 +3,7 @@
 - ``reads`` and ``guards``: a *cross-check* (a check that vouches for other quantities of its claim: a property of the
   quantizer for the error table, a calibration for a count) names in ``reads`` the measured path it is read off, the
   dotted name of the function whose result both it and the quantities it ``guards`` are derived from
-  (``reads = "cheapinfer.chapter.quant_error.error_table"``, ``guards = ["tensor_over_row"]``). A check computed on
+  (``reads = "cheapinfer.chapter.quantization.quant_error.error_table"``, ``guards = ["tensor_over_row"]``). A check computed on
   another path than the number it guards (a fresh call of the quantizer beside the table) vouches for nothing:
   ``tests/test_crosscheck_paths.py`` runs each such claim's measurement on a tiny input with that function's results
   perturbed and fails where the check or a guarded quantity does not move with them, and the claim itself says so in

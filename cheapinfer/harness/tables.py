@@ -32,9 +32,20 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out
 
 
+#: The keys records written before the sections had one name carry (run.json's ``section`` and ``sections``): read
+#: through :func:`section_key`, so that an old record merges with a new one section by section.
+OLD_SECTIONS = {"KV": "kv_cache", "BAT": "batching", "Q": "quantization", "OUT": "outliers", "EVAL": "evaluation",
+                "SPEC": "speculative", "DIST": "distillation", "BUD": "budget", "ASIDE": "asides"}
+
+
+def section_key(key: str) -> str:
+    """A record's section key as the registry names it now (an old record's ``KV`` is ``kv_cache``); others unchanged."""
+    return OLD_SECTIONS.get(key, key)
+
+
 def section_titles(record: RunRecord) -> dict[str, str]:
-    """Section key -> title, from the record (older records without it: the registry's titles)."""
-    return record.get("sections") or dict(registry.SECTIONS)
+    """Section key -> title, from the record (older records without it: the registry's titles, under old keys too)."""
+    return record.get("sections") or {**registry.SECTIONS, **{old: registry.SECTIONS[new] for old, new in OLD_SECTIONS.items()}}
 
 
 def summary_table(record: RunRecord) -> list[str]:

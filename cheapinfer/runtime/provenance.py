@@ -66,7 +66,7 @@ def moved(measure: Callable[[Callable], Mapping[str, Any]], path: Callable, name
 
 
 def resolve(dotted: str) -> tuple[Any, str, Callable]:
-    """``cheapinfer.chapter.quant_error.error_table`` -> (its module, the attribute's name, the function)."""
+    """``cheapinfer.chapter.quantization.quant_error.error_table`` -> (its module, the attribute's name, the function)."""
     module_name, _, attribute = dotted.rpartition(".")
     module = importlib.import_module(module_name)
     function = getattr(module, attribute, None)

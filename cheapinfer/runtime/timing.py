@@ -229,7 +229,7 @@ def interleaved_until_decided(
     quantity's margin to its bound (``bounds``: quantity -> bound) is within ``sigmas`` standard errors, up to
     :data:`MAX_ROUNDS_FACTOR` x ``rounds`` in all and ``extra_seconds`` (default :data:`EXTRA_SECONDS`) of extra
     time, within what is left of the process's :data:`RUN_EXTRA_SECONDS`. ``pending(estimates)`` names further undecided quantities where a decision is a rule over several
-    estimates rather than one bound (the knee of the batch curve: :func:`cheapinfer.chapter.knee.knee_pending`).
+    estimates rather than one bound (the knee of the batch curve: :func:`cheapinfer.chapter.batching.knee.knee_pending`).
     ``run`` times a block (default :func:`interleaved`; the suite's fixture records it with pytest-benchmark)."""
     run = run or (lambda v, r, w: interleaved(v, rounds=r, warmup=w, device=device))
     t0 = time.perf_counter()

@@ -138,9 +138,9 @@ FAULTS = {"KV-IDENTITY": ["kv-decode-ignores-cache"], "KV-SPEEDUP-48": ["kv-deco
 FAULT_RUN = {
     "created": "2026-01-01T00:00:00Z", "runs": 3, "mode": "sweep", "seconds": 95.0, "uncovered": [],
     "faults": {
-        "kv-decode-ignores-cache": {"section": "KV", "kind": "disabled optimisation", "what": "made up", "targets": ["KV-IDENTITY", "KV-SPEEDUP-48"],
+        "kv-decode-ignores-cache": {"section": "kv_cache", "kind": "disabled optimisation", "what": "made up", "targets": ["KV-IDENTITY", "KV-SPEEDUP-48"],
                                     "runs": [{"KV-IDENTITY": "red", "KV-SPEEDUP-48": "not reached: caught by KV-IDENTITY first"}] * 3, "caught": 3, "seconds": 60.0},
-        "kv-bytes-counts-query-heads": {"section": "KV", "kind": "wrong constant", "what": "made up", "targets": ["KV-BYTES-FORMULA"],
+        "kv-bytes-counts-query-heads": {"section": "kv_cache", "kind": "wrong constant", "what": "made up", "targets": ["KV-BYTES-FORMULA"],
                                         "runs": [{"KV-BYTES-FORMULA": "red"}] * 3, "caught": 3, "seconds": 35.0},
     },
 }

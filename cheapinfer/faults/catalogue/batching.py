@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ...chapter import batching, knee, paged_scheduler, paging, scheduler, workload
+from ...chapter.batching import batching, knee, paged_scheduler, paging, scheduler, workload
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
-from .common import misspelled_while, replaying_steps
+from .patches import misspelled_while, replaying_steps
 
 # ------------------------------------------------------------------------------------------------
 # 2. Batching, paged cache
@@ -16,7 +16,7 @@ from .common import misspelled_while, replaying_steps
 
 @fault(
     "batch-step-replays-first",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "BAT-STATIC-CONT"),
     what="the batch curve's repeatable decode step runs its forward once and replays that result on every later call (a step function cached by its arguments), so the clock times no step at any batch size",
@@ -28,7 +28,7 @@ def _batch_step_replays():
 
 @fault(
     "batch-step-cache-keyword-dropped",
-    section="BAT",
+    section="batching",
     kind=DISABLED,
     targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "Q-BYTES-SPEED"),
     what="the batch decode step (the batch curve's, and the low-bit formats' at batch 1) hands its cache over under a keyword the installed transformers does not take, which swallows it: every step decodes its token without the 64-token history",
@@ -40,7 +40,7 @@ def _batch_step_cache_dropped():
 
 @fault(
     "scheduler-cache-keyword-dropped",
-    section="BAT",
+    section="batching",
     kind=DISABLED,
     targets=("BAT-STATIC-CONT",),
     what="the slot scheduler's step (static and continuous alike) hands the batch's cache over under a keyword the model swallows: each step decodes without the requests' histories",
@@ -52,7 +52,7 @@ def _scheduler_cache_dropped():
 
 @fault(
     "paged-scheduler-cache-keyword-dropped",
-    section="BAT",
+    section="batching",
     kind=DISABLED,
     targets=("PAGE-WASTE", "PAGE-PREFIX"),
     what="the scheduler on the paged cache hands the paged cache over under a keyword the model swallows, in its prefills and its decode steps: the block tables fill as scheduled, the model never reads them",
@@ -65,7 +65,7 @@ def _paged_scheduler_cache_dropped():
 
 @fault(
     "batch-cache-capped-at-16",
-    section="BAT",
+    section="batching",
     kind=CONSTANT,
     targets=("BAT-1-TO-16",),
     what="the batch curve's synthetic caches stop at 16 tokens (a default window that overrides the 64 asked for): every step still grows its cache and attends, to a quarter of the history the claim names",
@@ -82,7 +82,7 @@ def _batch_cache_capped_at_16():
 
 @fault(
     "paging-gather-in-physical-order",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("PAGE-WASTE",),
     what="the batch gather reads each sequence's blocks in physical order (sorted block ids) instead of its table's order: right wherever the allocator happened to hand out ascending blocks, wrong once freed blocks come back in another order",
@@ -105,7 +105,7 @@ def _paging_gather_in_physical_order():
 
 @fault(
     "batch-decoded-serially",
-    section="BAT",
+    section="batching",
     kind=DISABLED,
     targets=("BAT-1-TO-16",),
     what="the batched decode step loops over its rows, decoding one request after another with its own one-row cache, so a batch of B costs B single steps",
@@ -129,7 +129,7 @@ def _batch_decoded_serially():
 
 @fault(
     "latency-per-token",
-    section="BAT",
+    section="batching",
     kind=STATISTIC,
     targets=("BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF"),
     what="per-request latency is computed as the step time divided by the batch size (the time per generated token), not the step every request of the batch waits for",
@@ -141,7 +141,7 @@ def _latency_per_token():
 
 @fault(
     "knee-search-stops-at-first-doubling",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("BAT-KNEE",),
     what="the knee rule returns after the first doubling of the batch (a return indented into the loop) instead of searching past the steepest doubling",
@@ -160,7 +160,7 @@ def _knee_first_doubling():
 
 @fault(
     "knee-search-stops-at-fixed-size",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("BAT-KNEE",),
     what="the knee search looks no further than a fixed batch size, 16 (the book's own table), and stops there, although the device's memory and the search's time budget allow more",
@@ -184,7 +184,7 @@ def _knee_search_fixed_size():
 
 @fault(
     "workload-draws-share-one-seed",
-    section="BAT",
+    section="batching",
     kind=STATISTIC,
     targets=("BAT-STATIC-CONT",),
     what="the sensitivity loop seeds every other workload with seed + 1 (the loop index left out), so the 'spread over 200 workloads' is 200 copies of one",
@@ -197,7 +197,7 @@ def _workload_draws_share_one_seed():
 
 @fault(
     "static-refills-slots",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("BAT-STATIC-CONT",),
     what="the static scheduler admits the next queued request into a freed slot at the next step, like a continuous one, instead of holding the slot as padding until the group's longest member is done",
@@ -215,7 +215,7 @@ def _static_refills_slots():
 
 @fault(
     "scheduler-reused-row-keeps-mask",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("BAT-STATIC-CONT",),
     what="the slot scheduler admits a request into a freed row without resetting that row's attention mask, so the new request reads the previous occupant's cache columns: the same schedule, steps and cache use, another request's context",
@@ -236,7 +236,7 @@ def _reused_row_keeps_mask():
 
 @fault(
     "continuous-waits-for-its-batch",
-    section="BAT",
+    section="batching",
     kind=DISABLED,
     targets=("BAT-STATIC-CONT",),
     what="the real continuous scheduler holds a freed slot until its whole batch is done, as the static one does (a refill that never fires): the real run no longer measures continuous batching, while the simulation still does",
@@ -253,7 +253,7 @@ def _continuous_waits():
 
 @fault(
     "paging-block-handed-out-twice",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("PAGE-WASTE", "PAGE-PREFIX"),
     what="the allocator hands out a block but leaves it on the free list, so a later sequence is mapped onto the same physical block",
@@ -275,7 +275,7 @@ def _paging_block_twice():
 
 @fault(
     "paging-fork-not-refcounted",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("PAGE-PREFIX",),
     what="a sequence that shares a prefix's blocks does not take a reference on them, so the first owner to finish frees blocks still in use",
@@ -294,7 +294,7 @@ def _paging_fork_no_ref():
 
 @fault(
     "paging-block-reserved-ahead",
-    section="BAT",
+    section="batching",
     kind=RULE,
     targets=("PAGE-WASTE",),
     what="the pool takes a sequence's next block as soon as its last one is full, ahead of the token that needs it (lookahead allocation): every sequence whose length is a whole number of blocks holds one block it does not use",
@@ -318,4 +318,34 @@ def _paging_block_reserved_ahead():
             self.tables.update(full)
 
     with patched(paging.PagedKVCache, "reserve", reserve), patched(paging.PagedKVCache, "gather_batch", gather_batch):
+        yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the other side of a bound (issue #43): a fault a one-sided check passes that lies beyond the limit on its
+# other side; red on the check that bounds its claim from there, and on nothing the one-sided check saw
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "knee-gain-before-over-two-doublings",
+    section="batching",
+    kind=RULE,
+    targets=("BAT-KNEE",),
+    what="the steepest doubling before the knee is read from its batch to the size two doublings on (an index one too far), so the gain reported is two doublings' product, above 2",
+)
+def _knee_gain_before_over_two_doublings():
+    real = knee.knee_summary
+
+    def summary(found, threshold=1.25, sigmas=3.0):
+        found = list(found)
+        k = real(found, threshold, sigmas)
+        at = next((i for i, d in enumerate(found) if k.batch is not None and d.small < k.batch and d.gain == k.gain_before), None)
+        if at is None or at + 1 >= len(found):
+            return k
+        nxt = found[at + 1]
+        return dataclasses.replace(k, gain_before=k.gain_before * nxt.gain,
+                       gain_before_se=math.hypot(k.gain_before_se * nxt.gain, nxt.gain_se * k.gain_before))
+
+    with patched(knee, "knee_summary", summary):
         yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...chapter import budget
+from ...chapter.budget import budget
 from ..base import CONSTANT, RULE, fault, patched
 
 # ------------------------------------------------------------------------------------------------
@@ -14,7 +14,7 @@ from ..base import CONSTANT, RULE, fault, patched
 
 @fault(
     "budget-reserve-ignored",
-    section="BUD",
+    section="budget",
     kind=CONSTANT,
     targets=("BUD-13B-8GB", "BUD-16GB-INT8", "BUD-TABLES"),
     what="the budget forgets the memory reserved for activations and the runtime, so every configuration seems to hold more tokens",
@@ -36,7 +36,7 @@ def _with_shape(name: str, **change) -> dict:
 
 @fault(
     "budget-7b-mha-heads",
-    section="BUD",
+    section="budget",
     kind=CONSTANT,
     targets=("BUD-16GB-INT8", "BUD-13B-800KB"),
     what="the 7B's cache is sized with its 32 query heads, the multi-head formula applied to a grouped-query model (8 KV heads)",
@@ -48,7 +48,7 @@ def _budget_7b_mha():
 
 @fault(
     "budget-70b-mha-heads",
-    section="BUD",
+    section="budget",
     kind=CONSTANT,
     targets=("BUD-13B-800KB",),
     what="the 70B is given full multi-head attention (its 64 query heads as KV heads) instead of the 8 KV heads the prose states for the 7B and 70B rows",
@@ -60,7 +60,7 @@ def _budget_70b_mha():
 
 @fault(
     "budget-13b-gqa",
-    section="BUD",
+    section="budget",
     kind=CONSTANT,
     targets=("BUD-13B-8GB", "BUD-16GB-INT8", "BUD-13B-800KB", "BUD-TABLES"),
     what="the 13B is given the 8 KV heads of the 7B and 70B rows (grouped-query attention) instead of its full multi-head attention with 40 heads",
@@ -72,7 +72,7 @@ def _budget_13b_gqa():
 
 @fault(
     "budget-decimal-gb",
-    section="BUD",
+    section="budget",
     kind=CONSTANT,
     targets=("BUD-13B-8GB", "BUD-16GB-INT8", "BUD-TABLES"),
     what="the calculator counts memory, reserve and weights in decimal GB (1e9 bytes) where the chapter's budget is in binary GB (2**30 bytes)",
@@ -84,7 +84,7 @@ def _budget_decimal_gb():
 
 @fault(
     "budget-tokens-rounded-to-nearest",
-    section="BUD",
+    section="budget",
     kind=RULE,
     targets=("BUD-TABLES",),
     what="the calculator rounds free bytes / cache bytes per token to the nearest token instead of down, so some cells promise a token whose cache does not fit",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ...chapter import battery, evaluation, perplexity, quant
+from ...chapter import stats
+from ...chapter.evaluation import battery, evaluation, perplexity
+from ...chapter.quantization import quant
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 
 # ------------------------------------------------------------------------------------------------
@@ -14,7 +16,7 @@ from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
 
 @fault(
     "eval-ppl-windows-overlap",
-    section="EVAL",
+    section="evaluation",
     kind=STATISTIC,
     targets=("EVAL-TABLE",),
     what="the perplexity slides its windows with a stride of half a window and forgets to mask the overlap, so every token after the first half-window is scored twice",
@@ -39,7 +41,7 @@ def _eval_ppl_windows_overlap():
 
 @fault(
     "eval-agreement-off-by-one",
-    section="EVAL",
+    section="evaluation",
     kind=RULE,
     targets=("EVAL-INT8-FREE", "EVAL-AGREEMENT", "SPEC-ALPHA"),
     what="agreement compares the model's guess at position t (which predicts t + 1) with the reference token at t: the logits are not shifted",
@@ -55,7 +57,7 @@ def _eval_agreement_off_by_one():
 
 @fault(
     "eval-agreement-free-running",
-    section="EVAL",
+    section="evaluation",
     kind=RULE,
     targets=("EVAL-AGREEMENT",),
     what="agreement compares each scheme's own greedy continuation of the prompt with the reference's tokens, instead of its guess at the reference's context: once a scheme leaves the reference's path, every later position is judged on another text",
@@ -70,7 +72,7 @@ def _eval_agreement_free_running():
 
 @fault(
     "eval-agreement-scores-the-reference",
-    section="EVAL",
+    section="evaluation",
     kind=RULE,
     targets=("EVAL-AGREEMENT",),
     what="every row's agreement pass runs the table's reference model instead of the row's quantized one (a variable captured from the enclosing scope), so every scheme agrees at every position",
@@ -92,7 +94,7 @@ def _eval_agreement_scores_the_reference():
 
 @fault(
     "eval-battery-padded-right",
-    section="EVAL",
+    section="evaluation",
     kind=RULE,
     targets=("EVAL-TABLE",),
     what="the battery's batch is padded on the right (a tokenizer's default side) instead of the left, so the short questions are continued after their padding",
@@ -113,26 +115,26 @@ def _eval_battery_padded_right():
 
 @fault(
     "eval-mcnemar-counts-ties",
-    section="EVAL",
+    section="evaluation",
     kind=STATISTIC,
     targets=("EVAL-INT8-TENSOR",),
     what="McNemar's test is run over all questions instead of the discordant ones: questions both schemes answer alike count as trials, so 'no change' looks like a significant one",
 )
 def _eval_mcnemar_counts_ties():
-    from scipy import stats
+    from scipy import stats as scipy_stats
 
     def over_all(first, second):
         lost = sum(a and not b for a, b in zip(first, second))
         gained = sum(b and not a for a, b in zip(first, second))
-        return battery.PairedChange(lost, gained, float(stats.binomtest(lost, len(first), 0.5).pvalue))
+        return stats.PairedChange(lost, gained, float(scipy_stats.binomtest(lost, len(first), 0.5).pvalue))
 
-    with patched(battery, "mcnemar_exact", over_all):
+    with patched(stats, "mcnemar_exact", over_all):
         yield
 
 
 @fault(
     "eval-nf4-codebook-read-from-the-top",
-    section="EVAL",
+    section="evaluation",
     kind=CONSTANT,
     targets=("EVAL-NOISE", "EVAL-GRANULARITY"),
     what="the NF4 codes index the codebook from its top level (15 - i for i), as a table stored in descending order would be read: every NF4 weight comes back near its own negative, and NF4's answers in the battery with it",
@@ -149,7 +151,7 @@ def _eval_nf4_codebook_from_the_top():
 
 @fault(
     "eval-quantization-not-applied",
-    section="EVAL",
+    section="evaluation",
     kind=DISABLED,
     targets=("EVAL-INT4-COLLAPSE", "EVAL-GRANULARITY"),
     what="the quantized copy writes its fake-quantized weights into a detached clone, so every scheme's model keeps the full-precision weights",

@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import torch
 
-from ...chapter import outliers
+from ...chapter.outliers import outliers
 from ..base import CONSTANT, RULE, STATISTIC, fault, patched
 
 
 @fault(
     "out-scan-reads-weights",
-    section="OUT",
+    section="outliers",
     kind=RULE,
     targets=("OUT-DIM62", "OUT-PERSISTS"),
     what="the outlier scan reads each layer's down_proj weight (the matrix that writes into the residual stream) instead of the residual stream itself",
@@ -29,7 +29,7 @@ def _out_reads_weights():
 
 @fault(
     "out-scan-takes-signed-maxima",
-    section="OUT",
+    section="outliers",
     kind=RULE,
     targets=("OUT-DIM62",),
     what="the outlier scan takes each dimension's largest signed value (h.amax) instead of its largest magnitude (h.abs().amax), so a maximum reached on the negative side is lost",
@@ -41,7 +41,7 @@ def _out_signed_maxima():
 
 @fault(
     "out-capture-shifted-by-one-layer",
-    section="OUT",
+    section="outliers",
     kind=RULE,
     targets=("OUT-PERSISTS", "OUT-HISTOGRAM", "OUT-INT8-LEVELS", "OUT-ONE-LEVEL", "OUT-EXCLUDE-4"),
     what="the residual-stream capture reads hidden_states from index 1 (forgetting that entry 0 is the embedding), so 'layer L' is the stream after L + 1 layers",
@@ -63,7 +63,7 @@ def _out_capture_shifted():
 
 @fault(
     "out-exclude-ranks-by-mean",
-    section="OUT",
+    section="outliers",
     kind=STATISTIC,
     targets=("OUT-EXCLUDE-4",),
     what="the dimensions to exclude are ranked by their mean |h| over the tokens instead of their max |h|",
@@ -85,7 +85,7 @@ def _out_exclude_by_mean():
 
 @fault(
     "out-layer-floors-to-embedding",
-    section="OUT",
+    section="outliers",
     kind=CONSTANT,
     targets=("OUT-HISTOGRAM", "OUT-INT8-LEVELS", "OUT-ONE-LEVEL", "OUT-EXCLUDE-4"),
     what="the book's layer is scaled with integer division first (16 // 24 * n = 0), so the layer-16 tensor is the embedding output",
@@ -97,7 +97,7 @@ def _out_layer_zero():
 
 @fault(
     "out-gap-counts-bin-distance",
-    section="OUT",
+    section="outliers",
     kind=RULE,
     targets=("OUT-HISTOGRAM",),
     what="the empty octaves between the bulk and the outlier are counted as the distance between their two bins (4 for bins 7 and 11), not the empty bins between them (3)",
@@ -113,7 +113,7 @@ def _out_gap_off_by_one():
 
 @fault(
     "out-int8-scale-ignores-outlier",
-    section="OUT",
+    section="outliers",
     kind=STATISTIC,
     targets=("OUT-INT8-LEVELS", "OUT-ONE-LEVEL", "OUT-EXCLUDE-4"),
     what="the INT8 level count uses a calibrated scale (99.9th percentile of |h| / 127) that clips the outlier instead of the tensor's absmax",
@@ -123,4 +123,26 @@ def _out_scale_ignores_outlier():
         return float(torch.quantile(h.abs().flatten().double(), 0.999)) / 127
 
     with patched(outliers, "tensor_scale", clipped_scale):
+        yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the other side of a bound (issue #43): a fault a one-sided check passes that lies beyond the limit on its
+# other side; red on the check that bounds its claim from there, and on nothing the one-sided check saw
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "out-levels-count-changes",
+    section="outliers",
+    kind=RULE,
+    targets=("OUT-ONE-LEVEL",),
+    what="the distinct codes of each dimension are counted as the changes between its sorted codes, one fewer than the codes: a dimension on a single code counts 0",
+)
+def _out_levels_count_changes():
+    def changes(codes):
+        s = codes.sort(dim=0).values
+        return (s[1:] != s[:-1]).sum(dim=0).tolist()
+
+    with patched(outliers, "_levels_per_dim", changes):
         yield

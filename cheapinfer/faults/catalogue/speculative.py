@@ -1,13 +1,13 @@
-"""Speculative decoding and distillation (sections 6-7): acceptance, verification, the loop, the soft targets."""
+"""Speculative decoding (section 6): acceptance, verification, the loop."""
 
 from __future__ import annotations
 
-from ...chapter import distill, speculative
+from ...chapter.speculative import speculative
 from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched, result_mapped
-from .common import MISSPELLED_HF, misspelled_while, replaying_first
+from .patches import MISSPELLED_HF, misspelled_while, replaying_first
 
 # ------------------------------------------------------------------------------------------------
-# 6-7. Speculative decoding, distillation
+# 6. Speculative decoding
 # ------------------------------------------------------------------------------------------------
 
 
@@ -32,7 +32,7 @@ def _spec_passes_misspelled(which: str):
 
 @fault(
     "spec-verify-cost-inverted",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-VERIFY-COST",),
     what="the verification costs are taken the wrong way round, the pass over one position over the pass over 5 (and over 9 x the pass over 9): a wider pass then reads as cheaper than one position (about 0.45 and 0.04), which the ceilings alone pass",
@@ -47,7 +47,7 @@ def _spec_verify_cost_inverted():
 
 @fault(
     "spec-verify-pass-replays-first",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-VERIFY-COST",),
     what="each repeatable verification pass runs its forward once and replays that result on every later call (a pass cached by its arguments), so the clock times no pass at any width",
@@ -64,7 +64,7 @@ def _spec_verify_replays():
 
 @fault(
     "spec-plain-generation-replayed-from-store",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-REAL-SLOWDOWN",),
     what="plain greedy generation (no draft) keeps a store keyed by its model, prompt and length (a response cache) and returns the stored run for a prompt it has seen without running the model, so every timed round of the baseline after the first times a lookup and speculation looks slower than ever",
@@ -86,7 +86,7 @@ def _spec_plain_generation_replayed():
 
 @fault(
     "spec-target-cache-keyword-dropped",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-VERIFY-COST", "SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
     what="the target's verification pass hands its cache over under a keyword the model swallows: each pass scores the proposals without the sequence before them",
@@ -105,7 +105,7 @@ def _spec_target_cache_dropped():
 
 @fault(
     "spec-draft-cache-keyword-dropped",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-EXACT-GREEDY", "SPEC-ALPHA", "SPEC-REAL-SLOWDOWN"),
     what="the draft's passes hand its cache over under a keyword the model swallows: the draft proposes from its last token alone, the target still verifies, so every emitted token stays the target's",
@@ -117,7 +117,7 @@ def _spec_draft_cache_dropped():
 
 @fault(
     "spec-accept-q-over-p",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-EXACT-SAMPLING",),
     what="the acceptance rule is written min(1, q(x) / p(x)) instead of min(1, p(x) / q(x))",
@@ -131,7 +131,7 @@ def _spec_accept_q_over_p():
 
 @fault(
     "spec-residual-not-normalised",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-EXACT-SAMPLING",),
     what="the residual distribution max(0, p - q) is used without renormalising it",
@@ -143,7 +143,7 @@ def _spec_residual_not_normalised():
 
 @fault(
     "spec-greedy-keeps-draft-token",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-EXACT-GREEDY",),
     what="on the first mismatch the greedy loop keeps the draft's token instead of the target's correction",
@@ -161,7 +161,7 @@ def _spec_greedy_keeps_draft_token():
 
 @fault(
     "spec-greedy-drops-target-token",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-ALPHA", "SPEC-SLOWDOWN"),
     what="after accepted proposals the greedy loop drops the target's own token (the correction or the bonus) and lets the next pass find it again: the emitted tokens stay the target's, each pass keeps one token fewer",
@@ -179,7 +179,7 @@ def _spec_greedy_drops_target_token():
 
 @fault(
     "spec-alpha-over-proposed",
-    section="SPEC",
+    section="speculative",
     kind=STATISTIC,
     targets=("SPEC-ALPHA",),
     what="the acceptance rate divides the accepted proposals by all proposed ones, counting the proposals after a rejection (never judged) as rejected",
@@ -195,7 +195,7 @@ def _spec_alpha_over_proposed():
 
 @fault(
     "spec-expected-off-by-one",
-    section="SPEC",
+    section="speculative",
     kind=CONSTANT,
     targets=("SPEC-EXPECTED", "SPEC-SPEEDUP", "SPEC-SLOWDOWN"),
     what="the expected tokens per pass sum gamma terms, (1 - a^gamma) / (1 - a), forgetting the target's own token",
@@ -210,7 +210,7 @@ def _spec_expected_off_by_one():
 
 @fault(
     "spec-kept-tokens-at-the-passes-count",
-    section="SPEC",
+    section="speculative",
     kind=CONSTANT,
     targets=("SPEC-SLOWDOWN",),
     what="the slowdown's kept tokens, their check against the loop's rule and its speedup are computed at gamma = the printed passes ('vijf', five) instead of the draft length passes - 1, while the loop runs at four: 1.4275 tokens, which rounds to the printed 1,4 as 1.4251 does",
@@ -223,7 +223,7 @@ def _spec_kept_tokens_at_the_passes_count():
 
 @fault(
     "spec-draft-cost-per-pass",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-SPEEDUP", "SPEC-SLOWDOWN", "SPEC-GAMMA8"),
     what="the draft's cost is charged once per verification pass instead of once per proposed token: E / (c + 1) instead of E / (gamma c + 1)",
@@ -235,7 +235,7 @@ def _spec_draft_cost_per_pass():
 
 @fault(
     "spec-verify-pass-keeps-what-it-fed",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-VERIFY-COST",),
     what="the repeatable verification pass forgets to crop its cache back after scoring, so every call scores its positions after a longer history than the context it names",
@@ -247,7 +247,7 @@ def _spec_verify_pass_keeps_what_it_fed():
 
 @fault(
     "spec-verify-one-position-at-a-time",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-VERIFY-COST", "SPEC-SLOWDOWN"),
     what="the verification pass feeds the proposed positions one at a time (a loop of single-position passes) instead of one pass over all of them",
@@ -266,7 +266,7 @@ def _spec_verify_one_position_at_a_time():
 
 @fault(
     "spec-draft-catch-up-forward",
-    section="SPEC",
+    section="speculative",
     kind=RULE,
     targets=("SPEC-SLOWDOWN",),
     what="after its last proposal the draft runs one forward more, outside the loop's pass counter, to put that proposal into its own cache before the target verifies (a catch-up pass the crop then throws away): every pass costs gamma + 2 forwards",
@@ -295,7 +295,7 @@ def _spec_draft_catch_up_forward():
 
 @fault(
     "spec-draft-dropped",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-REAL-SLOWDOWN",),
     what="the speculative generator drops the draft it is given and silently decodes plainly",
@@ -311,79 +311,8 @@ def _spec_draft_dropped():
 
 
 @fault(
-    "dist-temperature-after-softmax",
-    section="DIST",
-    kind=RULE,
-    targets=("DIST-TEMPERATURE",),
-    what="the temperature divides the probabilities after the softmax instead of the logits before it",
-)
-def _dist_temperature_after_softmax():
-    import torch
-
-    with patched(distill, "distribution", lambda logits, temperature=1.0: torch.softmax(logits.double(), dim=-1) / temperature):
-        yield
-
-
-@fault(
-    "dist-softmax-unnormalised",
-    section="DIST",
-    kind=RULE,
-    targets=("DIST-TEMPERATURE",),
-    what="the tempered distribution is the exponentials of the shifted logits, exp(z / T - max), without the softmax's division by their sum (a sampler's weights, which torch.multinomial would normalise itself): every ratio, and so every printed ratio, is unchanged",
-)
-def _dist_softmax_unnormalised():
-    with patched(distill, "distribution", _sampler_weights):
-        yield
-
-
-def _sampler_weights(logits, temperature=1.0):
-    """exp(z / T - max(z / T)): a softmax without its normaliser."""
-    x = logits.double() / temperature
-    return (x - x.max()).exp()
-
-
-@fault(
-    "dist-hard-label",
-    section="DIST",
-    kind=RULE,
-    targets=("DIST-MILK",),
-    what="the teacher's label is its argmax token (one-hot), as when a distillation pipeline trains on the teacher's generated text instead of its distribution",
-)
-def _dist_hard_label():
-    import torch
-
-    def one_hot(logits, temperature=1.0):
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
-
-    with patched(distill, "distribution", one_hot):
-        yield
-
-
-@fault(
-    "dist-prompt-ends-in-eos",
-    section="DIST",
-    kind=RULE,
-    targets=("DIST-MILK", "DIST-TEMPERATURE"),
-    what="the prompt is tokenized with an end-of-sequence id appended (a tokenizer loaded with add_eos_token), so the soft label read is the distribution after EOS, not after 'into the'",
-)
-def _dist_prompt_ends_in_eos():
-    real = distill.next_token_logits
-
-    class EosAppended:
-        def __init__(self, tokenizer):
-            self.tokenizer = tokenizer
-
-        def __call__(self, text, **kwargs):
-            out = self.tokenizer(text, **kwargs)
-            return {**out, "input_ids": list(out["input_ids"]) + [self.tokenizer.eos_token_id]}
-
-    with patched(distill, "next_token_logits", lambda model, tokenizer, prompt=distill.MILK_PROMPT: real(model, EosAppended(tokenizer), prompt)):
-        yield
-
-
-@fault(
     "cache-crop-does-nothing",
-    section="SPEC",
+    section="speculative",
     kind=DISABLED,
     targets=("SPEC-VERIFY-COST", "KV-PREFILL-DECODE", "KV-DECODE-FLAT", "KV-DECODE-MEMBOUND", "KV-MEMORY-8.3X", "BAT-1-TO-16", "BAT-KNEE", "BAT-TRADEOFF", "BAT-STATIC-CONT",
              "Q-BYTES-SPEED"),
@@ -393,4 +322,22 @@ def _cache_crop_does_nothing():
     from transformers import DynamicCache
 
     with patched(DynamicCache, "crop", lambda self, *args, **kwargs: None):
+        yield
+
+
+# ------------------------------------------------------------------------------------------------
+# the other side of a bound (issue #43): a fault a one-sided check passes that lies beyond the limit on its
+# other side; red on the check that bounds its claim from there, and on nothing the one-sided check saw
+# ------------------------------------------------------------------------------------------------
+
+
+@fault(
+    "spec-target-charged-per-proposal",
+    section="speculative",
+    kind=RULE,
+    targets=("SPEC-SLOWDOWN", "SPEC-SPEEDUP"),
+    what="each proposal is charged a target pass besides its draft pass, E / (gamma (c + 1)) instead of E / (gamma c + 1): every speedup falls, and 'slower' holds all the more",
+)
+def _spec_target_per_proposal():
+    with patched(speculative, "speedup", lambda alpha, gamma, c: speculative.expected_tokens(alpha, gamma) / (gamma * (c + 1.0))):
         yield

@@ -1,0 +1,2 @@
+"""Section 7, distillation: ``distill`` (soft labels and temperature).
+"""

@@ -1,0 +1,2 @@
+"""Section 6, speculative decoding: ``speculative`` (the arithmetic, the acceptance rules and the loop).
+"""
