@@ -161,3 +161,117 @@ def test_verify_warns_in_one_line_before_it_starts_when_memory_is_short(tmp_path
     monkeypatch.setattr(memory, "available", lambda: 20 * GIB)
     assert cli.main(["verify", "--device", "cpu", "--report-dir", str(tmp_path)]) == 4
     assert "warning" not in started[-1]
+
+
+def test_the_stand_in_is_loaded_once_per_module_and_again_after_a_drop(monkeypatch):
+    import pytest
+    import torch
+
+    from cheapinfer.runtime import artifacts, models
+    from fixtures.profiles import StandIn
+    from fixtures.quant import QuantizedVariants
+
+    loads = []
+    monkeypatch.setattr(models, "stand_in", lambda device: loads.append(device) or models.twin("fp32", **SMALL))
+    loader = StandIn(torch.device("cpu"))
+    variants = QuantizedVariants(loader)
+    first = loader()
+    assert loader() is first and variants.base is first and len(loads) == 1  # kept while the module runs
+    built = variants["int4-row"].model
+    loader.drop(), variants.drop()  # the end of the module
+    again = loader()
+    assert len(loads) == 2 and again is not first and variants.base is again
+    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), first.model.state_dict().values()))
+    rebuilt = variants["int4-row"].model  # a later module's quantized copy, from the stand-in it loaded
+    assert all(torch.equal(a, b) for a, b in zip(rebuilt.state_dict().values(), built.state_dict().values()))
+    assert rebuilt.model.embed_tokens.weight.data_ptr() == again.model.model.embed_tokens.weight.data_ptr()
+
+    def unavailable(device):
+        loads.append(device)
+        raise artifacts.ArtifactUnavailable("offline")
+
+    monkeypatch.setattr(models, "stand_in", unavailable)
+    broken = StandIn(torch.device("cpu"))
+    for _ in range(2):
+        with pytest.raises(artifacts.ArtifactUnavailable):
+            broken()
+    assert len(loads) == 3  # a failed load is not tried again
+
+
+_TWO_CLAIMS = '''
+import pytest
+
+
+@pytest.mark.claim("KV-BYTES-FORMULA")
+def test_one(claim, stand_in):
+    from cheapinfer.chapter import kv
+    from cheapinfer.runtime.arch import QWEN25_05B
+
+    claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))
+
+
+def test_not_a_claim(stand_in):
+    pass
+'''
+
+
+_KV_BODY = '''    from cheapinfer.chapter import kv
+    from cheapinfer.runtime.arch import QWEN25_05B
+
+    claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))'''
+_Q_BODY = '''    from cheapinfer.chapter import quant_error
+    from cheapinfer.runtime.arch import QWEN25_05B
+
+    n = QWEN25_05B.parameter_count()
+    claim.verify("arithmetic", parameters=n, parameters_billion=n / 1e9, gb_fp32=round(quant_error.decimal_gb(n, 4), 2),
+                 gb_16bit=round(quant_error.decimal_gb(n, 2), 2), gb_8bit=round(quant_error.decimal_gb(n, 1), 2))'''
+
+
+def test_after_each_claim_test_memory_goes_back_and_the_stand_in_is_let_go_after_each_module(pytester, monkeypatch):
+    import torch
+
+    from cheapinfer.runtime import models
+    from plugin_runs import record, run
+
+    calls, loads = [], []
+    monkeypatch.setattr(memory, "release", lambda: calls.append("release"))
+    monkeypatch.setattr(models, "stand_in", lambda device: loads.append(device) or models.twin("fp32", **SMALL))
+    pytester.makepyfile(test_a=_TWO_CLAIMS, test_b=_TWO_CLAIMS.replace('"KV-BYTES-FORMULA"', '"Q-SIZES"').replace(_KV_BODY, _Q_BODY))
+    result = run(pytester, "-q")
+    got = record(pytester)
+    results = {cid: r for cid in ("KV-BYTES-FORMULA", "Q-SIZES") for r in got["claims"][cid]["results"]}
+    assert all(got["claims"][cid]["verdict"] == "reproduced" for cid in results), result.stdout.str()[-2000:]
+    assert calls == ["release", "release"]  # after each claim test, not after the other tests
+    assert len(loads) == 2 and all(d == torch.device("cpu") for d in loads)  # once in each module, not once per test
+    for r in results.values():  # each claim's result holds the process's peak after it
+        assert r["memory"]["peak_rss_bytes"] >= r["memory"]["rss_bytes"] > 0
+    assert got["run"]["memory"]["peak_rss_bytes"] >= max(r["memory"]["peak_rss_bytes"] for r in results.values())
+
+
+def test_a_filled_evaluation_table_keeps_its_numbers_and_lets_go_of_its_models(monkeypatch):
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    import torch
+
+    from cheapinfer.chapter import battery, evaluation, perplexity
+
+    monkeypatch.setattr(battery, "stock_repetition_penalty", lambda model: 1.0)
+    monkeypatch.setattr(battery, "battery", lambda model, tokenizer, **kw: SimpleNamespace(repetition_penalty=1.0, score=3, n=4))
+    monkeypatch.setattr(perplexity, "perplexity", lambda model, ids: float(model.weight.detach().sum()))
+    monkeypatch.setattr(perplexity, "library_perplexity", lambda model, ids: 2.0)
+    monkeypatch.setattr(perplexity, "ln_ppl_bound", lambda model, ids: 1e-6)
+    monkeypatch.setattr(evaluation, "agreement_by_position", lambda model, conts: [[True, False]])
+    reference = torch.nn.Linear(2, 2, bias=False)
+    torch.nn.init.constant_(reference.weight, 1.0)
+    variants = {"reference": reference, "int8": torch.nn.Linear(2, 2, bias=False)}
+    torch.nn.init.constant_(variants["int8"].weight, 0.5)
+    alive = [weakref.ref(m) for m in variants.values()]
+    table = evaluation.evaluate(reference, None, variants.__getitem__, ("reference", "int8"), torch.arange(10), continuations=["c"])
+    del reference, variants
+    table.fill("cpu", workers=1)
+    gc.collect()
+    assert [r() for r in alive] == [None, None]  # the table held the only references: they are gone
+    assert table.ppl("reference") == 4.0 and table.ppl("int8") == 2.0 and table.cross_check.library_ppl == 2.0
+    assert table["int8"].agree == 1 and table.table_rows()[1] == ["int8", "2.00", "3/4", "3/4", "1/2"]

@@ -232,7 +232,8 @@ class Table:
 
     def fill(self, device: torch.device | str, workers: int | None = None) -> "Table":
         """Build every missing row and the cross-check, ``workers`` at a time on a CPU
-        (:func:`cheapinfer.runtime.device.map_untimed`), the cross-check (the longest) first.
+        (:func:`cheapinfer.runtime.device.map_untimed`), the cross-check (the longest) first; then let go of the
+        reference model and the variants, which no number of the table needs any more.
 
         A row's numbers do not depend on what runs beside it; its ``seconds`` then do, and are only reported.
         """
@@ -242,6 +243,7 @@ class Table:
         if self._cross_check is None:
             tasks.insert(0, None)
         map_untimed(lambda s: self.cross_check if s is None else self[s], tasks, device, workers)
+        self.reference = self.variant = None  # every number is built: a filled table holds no model (the run may free them)
         return self
 
     @property
