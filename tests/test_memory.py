@@ -204,7 +204,7 @@ import pytest
 
 @pytest.mark.claim("KV-BYTES-FORMULA")
 def test_one(claim, stand_in):
-    from cheapinfer.chapter import kv
+    from cheapinfer.chapter.kv_cache import kv
     from cheapinfer.runtime.arch import QWEN25_05B
 
     claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))
@@ -215,11 +215,11 @@ def test_not_a_claim(stand_in):
 '''
 
 
-_KV_BODY = '''    from cheapinfer.chapter import kv
+_KV_BODY = '''    from cheapinfer.chapter.kv_cache import kv
     from cheapinfer.runtime.arch import QWEN25_05B
 
     claim.verify("arithmetic", bytes_per_token=kv.arch_kv_bytes_per_token(QWEN25_05B, 2))'''
-_Q_BODY = '''    from cheapinfer.chapter import quant_error
+_Q_BODY = '''    from cheapinfer.chapter.quantization import quant_error
     from cheapinfer.runtime.arch import QWEN25_05B
 
     n = QWEN25_05B.parameter_count()
@@ -229,9 +229,9 @@ _Q_BODY = '''    from cheapinfer.chapter import quant_error
 
 def test_after_each_claim_test_memory_goes_back_and_the_stand_in_is_let_go_after_each_module(pytester, monkeypatch):
     import torch
+    from plugin_runs import record, run
 
     from cheapinfer.runtime import models
-    from plugin_runs import record, run
 
     calls, loads = [], []
     monkeypatch.setattr(memory, "release", lambda: calls.append("release"))
@@ -255,7 +255,7 @@ def test_a_filled_evaluation_table_keeps_its_numbers_and_lets_go_of_its_models(m
 
     import torch
 
-    from cheapinfer.chapter import battery, evaluation, perplexity
+    from cheapinfer.chapter.evaluation import battery, evaluation, perplexity
 
     monkeypatch.setattr(battery, "stock_repetition_penalty", lambda model: 1.0)
     monkeypatch.setattr(battery, "battery", lambda model, tokenizer, **kw: SimpleNamespace(repetition_penalty=1.0, score=3, n=4))
