@@ -15,6 +15,7 @@ from fake_cuda import FakeCuda
 from harness import python_m
 
 from cheapinfer import cli
+from cheapinfer.audits import launch
 from cheapinfer.runtime import device as devices
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def test_a_card_that_cannot_be_selected_is_one_line(monkeypatch):
 
 def test_verify_device_cuda_starts_the_claims_on_the_indexed_card(fake, monkeypatch, tmp_path, capsys):
     started = []
-    monkeypatch.setattr(cli.verify, "_run_interruptibly", lambda cmd, env: (started.append(cmd), (cli.verify._NOTHING_SELECTED, False))[1])
+    monkeypatch.setattr(cli.verify, "_run_interruptibly", lambda cmd, env: (started.append(cmd), (launch.NOTHING_SELECTED, False))[1])
     code = cli.main(["verify", "--device", "cuda", "--report-dir", str(tmp_path)])
     assert started, capsys.readouterr()
     assert code != 0 and "Traceback" not in capsys.readouterr().err
