@@ -1,9 +1,14 @@
-"""Runs of the suite's pytest plugin on made-up claim tests, with pytest's ``pytester`` (``tests/test_plugin.py`` and the
-other tests that check what the plugin makes of a run): in this process, in a temporary directory, each with its own
-report directory, so that none writes the checkout's ``reports/``.
+"""Runs of the suite's pytest plugin with pytest's ``pytester``: on made-up claim tests (``tests/test_plugin.py`` and the
+other tests that check what the plugin makes of a run), in this process, in a temporary directory, each with its own
+report directory, so that none writes the checkout's ``reports/``; and on the checkout's own tests (:func:`suite`),
+from the checkout, as a user runs ``pytest`` there.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +19,11 @@ from fixtures import batch_curve, evaluation, options, profiles, quant, recordin
 
 #: What every run gives: the plugin (by its entry point's name: loaded once, also where autoloading is off), no cache folder.
 PLUGIN = ("-p", "cheapinfer", "-p", "no:cacheprovider")
+#: The checkout (its ``claims/``, ``tests/`` and ``pyproject.toml``).
+ROOT = Path(__file__).resolve().parent.parent
+#: The variables a run must not inherit from the outer one: autoloading turned off, and those of a pytest-xdist worker
+#: (pytest-benchmark would time nothing in a worker of ``pytest -n``).
+_OUTER = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 
 
 def run(pytester: pytest.Pytester, *args: str, **kwargs) -> pytest.RunResult:
@@ -22,9 +32,27 @@ def run(pytester: pytest.Pytester, *args: str, **kwargs) -> pytest.RunResult:
     pytest-xdist worker's variables (pytest-benchmark would time nothing in a worker of ``pytest -n``).
     ``kwargs`` go to pytester (``no_reraise_ctrlc=True``: a run interrupted by Ctrl-C returns, its exit code 2)."""
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+        for name in _OUTER:
             mp.delenv(name, raising=False)
         return pytester.runpytest(*PLUGIN, f"--report-dir={pytester.path / 'reports'}", *args, **kwargs)
+
+
+def suite(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT, separate: bool = False) -> subprocess.CompletedProcess:
+    """``pytest args`` from ``cwd`` (default: the checkout, so that ``claims/...`` and its ``pyproject.toml`` are found),
+    the plugin by its entry point's name, no cache folder: (exit status, standard output, standard error).
+
+    In this process (``runpytest_inprocess``) unless ``separate``: then in an interpreter of its own
+    (``runpytest_subprocess``), for a run whose plugins (``-p fake_cuda``, a broken registry, a full disk) patch
+    what this process uses, or that tests the interpreter itself. The environment is this process's (set with
+    ``monkeypatch.setenv``), less the outer run's autoload switch and pytest-xdist worker."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in _OUTER:
+            mp.delenv(name, raising=False)
+        mp.chdir(cwd)
+        go = pytester.runpytest_subprocess if separate else pytester.runpytest_inprocess
+        result = go(*PLUGIN, *args)
+    return subprocess.CompletedProcess(["pytest", *args], result.ret, "\n".join(result.outlines), "\n".join(result.errlines))
+
 
 
 def record(pytester: pytest.Pytester, latest: bool = True) -> dict:

@@ -4,11 +4,11 @@ steps, offline, and one record with the GPU and the verdicts."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+import torch
+from commands import cheapinfer
 from fake_cuda import FakeCuda
-from harness import python_m
 
 from cheapinfer import CHECKOUT, cli
 from cheapinfer.audits import gpu_check, launch
@@ -16,16 +16,17 @@ from cheapinfer.cli.machine import gpu_check_cli
 from cheapinfer.runtime import device as devices
 
 
-def test_without_cuda_it_says_so_in_one_line_and_exits_non_zero():
-    run = python_m("cheapinfer", "gpu-check", env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+def test_without_cuda_it_says_so_in_one_line_and_exits_non_zero(capfd, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as with CUDA_VISIBLE_DEVICES="" on a GPU machine
+    run = cheapinfer(capfd, "gpu-check")
     assert run.returncode == gpu_check.NO_CUDA_EXIT != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs a CUDA GPU" in lines[0] and "Traceback" not in run.stderr, run.stderr
     assert run.stdout == ""
 
 
-def test_it_refuses_a_cpu_device_in_one_line():
-    run = python_m("cheapinfer", "gpu-check", "--device", "cpu")
+def test_it_refuses_a_cpu_device_in_one_line(capfd):
+    run = cheapinfer(capfd, "gpu-check", "--device", "cpu")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and "runs on CUDA" in run.stderr
 
 
