@@ -6,10 +6,11 @@ from the checkout, as a user runs ``pytest`` there.
 
 from __future__ import annotations
 
-import os
 import subprocess
+import sys
 from pathlib import Path
 
+import _pytest.pytester
 import pytest
 
 # The plugin's modules, imported before any run: pytester takes back what a run imported, and torch, which they
@@ -37,6 +38,21 @@ def run(pytester: pytest.Pytester, *args: str, **kwargs) -> pytest.RunResult:
         return pytester.runpytest(*PLUGIN, f"--report-dir={pytester.path / 'reports'}", *args, **kwargs)
 
 
+class _KeepLibraries(_pytest.pytester.SysModulesSnapshot):
+    """pytester's snapshot of ``sys.modules``, which an in-process run (and the fixture, after its test) takes back, keeping what the run imported
+    from outside the checkout's test folders: torch's modules register their operators once per process, and the
+    extensions of safetensors and tokenizers initialize once, so that a second import of either fails. The test
+    modules (``claims/``, ``tests/``, ``conftest.py``) go, as pytester would have them go."""
+
+    def __init__(self, preserve=None) -> None:
+        super().__init__(preserve=lambda name: not _test_module(name) or bool(preserve and preserve(name)))
+
+
+def _test_module(name: str) -> bool:
+    where = str(getattr(sys.modules.get(name), "__file__", None) or "")
+    return name == "conftest" or where.startswith((str(ROOT / "claims"), str(ROOT / "tests"), str(ROOT / "conftest.py")))
+
+
 def suite(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT, separate: bool = False) -> subprocess.CompletedProcess:
     """``pytest args`` from ``cwd`` (default: the checkout, so that ``claims/...`` and its ``pyproject.toml`` are found),
     the plugin by its entry point's name, no cache folder: (exit status, standard output, standard error).
@@ -49,6 +65,8 @@ def suite(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT, separate: boo
         for name in _OUTER:
             mp.delenv(name, raising=False)
         mp.chdir(cwd)
+        mp.setattr(_pytest.pytester, "SysModulesSnapshot", _KeepLibraries)  # the one each run takes
+        pytester._sys_modules_snapshot = _KeepLibraries()  # and the one the fixture takes back after the test
         go = pytester.runpytest_subprocess if separate else pytester.runpytest_inprocess
         result = go(*PLUGIN, *args)
     return subprocess.CompletedProcess(["pytest", *args], result.ret, "\n".join(result.outlines), "\n".join(result.errlines))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import python_m
+from commands import cheapinfer
 
 from cheapinfer.audits import families as kernel_families
 from cheapinfer.audits import matrix, stress
@@ -379,10 +379,9 @@ def _is_busy(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path):
+def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path, capfd):
     """One fast clocked claim under the AVX2 cap and under the machine's own kernels: 47 s on 2 cores at load 9, over a minute when busier."""
-    run = python_m("cheapinfer", "verify", "--isa-matrix", "--claims", "KV-HEAD-TIMING", "--families", "avx2,default",
-                   "--report-dir", str(tmp_path), cwd=ROOT, timeout=900)
+    run = cheapinfer(capfd, "verify", "--isa-matrix", "--claims", "KV-HEAD-TIMING", "--families", "avx2,default", "--report-dir", str(tmp_path))
     m = json.loads((tmp_path / "isa" / "matrix.json").read_text())
     assert run.returncode == (1 if m["flips"] else 0), run.stdout[-3000:] + run.stderr[-3000:]
     assert list(m["claims"]) == ["KV-HEAD-TIMING"] and list(m["families"]) == ["avx2", "default"]
