@@ -12,6 +12,7 @@ from pathlib import Path
 
 import _pytest.pytester
 import pytest
+from hypothesis import settings
 
 # The plugin's modules, imported before any run: pytester takes back what a run imported, and torch, which they
 # import, cannot be imported twice in one process (a run of the tests with -p no:cheapinfer loads no plugin first).
@@ -60,7 +61,8 @@ def suite(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT, separate: boo
     In this process (``runpytest_inprocess``) unless ``separate``: then in an interpreter of its own
     (``runpytest_subprocess``), for a run whose plugins (``-p fake_cuda``, a broken registry, a full disk) patch
     what this process uses, or that tests the interpreter itself. The environment is this process's (set with
-    ``monkeypatch.setenv``), less the outer run's autoload switch and pytest-xdist worker."""
+    ``monkeypatch.setenv``), less the outer run's autoload switch and pytest-xdist worker. What a run in this process
+    leaves behind is taken back: the modules it imported from the test folders, the Hypothesis profile it loaded."""
     with pytest.MonkeyPatch.context() as mp:
         for name in _OUTER:
             mp.delenv(name, raising=False)
@@ -68,7 +70,11 @@ def suite(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT, separate: boo
         mp.setattr(_pytest.pytester, "SysModulesSnapshot", _KeepLibraries)  # the one each run takes
         pytester._sys_modules_snapshot = _KeepLibraries()  # and the one the fixture takes back after the test
         go = pytester.runpytest_subprocess if separate else pytester.runpytest_inprocess
-        result = go(*PLUGIN, *args)
+        profile = settings.get_current_profile_name()
+        try:
+            result = go(*PLUGIN, *args)
+        finally:
+            settings.load_profile(profile)  # a run loads its own Hypothesis profile (or fails to: --hypothesis-profile nope)
     return subprocess.CompletedProcess(["pytest", *args], result.ret, "\n".join(result.outlines), "\n".join(result.errlines))
 
 

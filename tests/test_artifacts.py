@@ -19,7 +19,6 @@ from plugin_runs import suite
 from cheapinfer.runtime import artifacts, models
 
 
-
 def _flip_a_byte(path: Path) -> None:
     with open(path, "r+b") as f:
         f.seek(path.stat().st_size // 2)
