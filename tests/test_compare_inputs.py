@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import python_m
+from commands import cheapinfer
 
 from cheapinfer.cli.records import compare_cli, merge_cli
 from cheapinfer.harness import compare as cmp
@@ -116,11 +116,11 @@ def test_compare_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path
         ("not-unicode", "claims.KV-IDENTITY.results[0].reason: text that is not Unicode ('\\ud800')"),
     ],
 )
-def test_compare_names_what_it_cannot_read_in_one_line_through_the_command_line(kind, message, tmp_path):
+def test_compare_names_what_it_cannot_read_in_one_line_through_the_command_line(kind, message, tmp_path, capfd):
     """Another suite's record, a schema this version does not read, an unknown verdict, a value beyond a float:
     one line on standard error, exit 2, no traceback (and never the regression code)."""
     bad = _write(_broken(kind), tmp_path / "run.json")
-    run = python_m("cheapinfer", "compare", str(RECORD), str(bad), timeout=120)
+    run = cheapinfer(capfd, "compare", str(RECORD), str(bad))
     assert run.returncode == 2, run.stdout + run.stderr
     assert "Traceback" not in run.stderr and run.stdout == ""
     [line] = [line for line in run.stderr.splitlines() if line.strip()]
@@ -166,9 +166,9 @@ def test_merge_exits_2_with_one_line_on_a_record_it_cannot_read(kind, tmp_path, 
     assert str(bad) in line
 
 
-def test_compare_of_a_malformed_record_through_the_command_line_is_exit_2_without_traceback(tmp_path):
+def test_compare_of_a_malformed_record_through_the_command_line_is_exit_2_without_traceback(tmp_path, capfd):
     bad = _write(_broken("result-without-profile"), tmp_path / "run.json")
-    run = python_m("cheapinfer", "compare", str(RECORD), str(bad), timeout=120)
+    run = cheapinfer(capfd, "compare", str(RECORD), str(bad))
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().count("\n") == 0 and "results[0]" in run.stderr
 
@@ -197,10 +197,10 @@ def test_merge_refuses_to_overwrite_a_file_it_did_not_write_unless_forced(name, 
     assert other.read_text().splitlines()[:2] == [merge.MATRIX_MARK, "# Claims x machines"]
 
 
-def test_merge_over_a_readme_through_the_command_line_is_one_line_and_exit_2(tmp_path):
+def test_merge_over_a_readme_through_the_command_line_is_one_line_and_exit_2(tmp_path, capfd):
     readme = tmp_path / "README.md"
     readme.write_text("# A project\n")
-    run = python_m("cheapinfer", "merge", str(RECORD), "-o", str(readme), timeout=120)
+    run = cheapinfer(capfd, "merge", str(RECORD), "-o", str(readme))
     assert run.returncode == 2 and "Traceback" not in run.stderr
     [line] = [line for line in run.stderr.splitlines() if line.strip()]
     assert line.startswith(f"cheapinfer merge: error: -o {readme}: it exists and is not a Markdown matrix") and readme.read_text() == "# A project\n"

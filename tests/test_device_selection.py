@@ -6,19 +6,18 @@ that hands it plain ``cuda`` fails here as it would on the first GPU."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from fake_cuda import FakeCuda
-from harness import python_m
+from plugin_runs import suite
 
 from cheapinfer import cli
+from cheapinfer.audits import launch
 from cheapinfer.runtime import device as devices
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
@@ -59,7 +58,7 @@ def test_a_card_that_cannot_be_selected_is_one_line(monkeypatch):
 
 def test_verify_device_cuda_starts_the_claims_on_the_indexed_card(fake, monkeypatch, tmp_path, capsys):
     started = []
-    monkeypatch.setattr(cli.verify, "_run_interruptibly", lambda cmd, env: (started.append(cmd), (cli.verify._NOTHING_SELECTED, False))[1])
+    monkeypatch.setattr(cli.verify, "_run_interruptibly", lambda cmd, env: (started.append(cmd), (launch.NOTHING_SELECTED, False))[1])
     code = cli.main(["verify", "--device", "cuda", "--report-dir", str(tmp_path)])
     assert started, capsys.readouterr()
     assert code != 0 and "Traceback" not in capsys.readouterr().err
@@ -75,13 +74,14 @@ def test_verify_on_a_card_that_fails_is_one_line(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("device, env", [("cuda", None), ("auto", None), ("cuda:1", None), ("auto", "cuda")])
-def test_the_plugin_configures_on_a_cuda_machine(tmp_path, device, env):
+def test_the_plugin_configures_on_a_cuda_machine(tmp_path, device, env, pytester, monkeypatch):
     """pytest with the suite's plugin on a (fake) two-card machine: configure selects the card, collection runs,
     no INTERNALERROR."""
-    extra = {"CHEAPINFER_DEVICE": env} if env else {}
-    run = python_m("pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", "-p", "fake_cuda", f"--report-dir={tmp_path}",
-                   "--device", device, "tests/test_layout.py", "--co", "-q", cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": str(TESTS), "FAKE_CUDA_PLUGIN": "1", **extra})
+    FakeCuda(count=2, current=0).install(monkeypatch)
+    monkeypatch.delenv("CHEAPINFER_DEVICE", raising=False)
+    if env:
+        monkeypatch.setenv("CHEAPINFER_DEVICE", env)
+    run = suite(pytester, f"--rootdir={ROOT}", f"--report-dir={tmp_path}", "--device", device, "tests/test_layout.py", "--co", "-q")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "INTERNALERROR" not in run.stdout + run.stderr
 

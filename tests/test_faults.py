@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import python_m
+from commands import cheapinfer
+from plugin_runs import suite
 
 from cheapinfer.audits import faults
 from cheapinfer.audits import forks as child
@@ -141,10 +142,10 @@ def test_the_sweep_stops_at_the_first_red_claim(monkeypatch, tmp_path):
         assert all(v == vocabulary.RED or v.startswith(vocabulary.NOT_REACHED) for v in run.values())
 
 
-def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
+def test_a_fault_turns_its_claim_red_end_to_end(tmp_path, capfd):
     """One cheap fault through the real path: pytest --fault --stop-on-red, the registry, the record, the table."""
     name = "kv-bytes-counts-query-heads"
-    proc = python_m("cheapinfer", "faults", name, "--report-dir", str(tmp_path), cwd=ROOT, timeout=300)
+    proc = cheapinfer(capfd, "faults", name, "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = faults.last_run(tmp_path)["faults"][name]
     assert run["caught"] == 1
@@ -154,15 +155,15 @@ def test_a_fault_turns_its_claim_red_end_to_end(tmp_path):
     assert all(v.startswith(f"{vocabulary.NOT_REACHED}: caught by {red[0]}") for cid, v in verdicts.items() if cid != red[0]), verdicts
 
 
-def test_pytest_with_a_fault_keeps_its_own_record_and_replaces_neither_the_record_nor_the_errata(tmp_path):
+def test_pytest_with_a_fault_keeps_its_own_record_and_replaces_neither_the_record_nor_the_errata(tmp_path, pytester):
     """README's ``pytest --fault NAME``: the run measures a broken system on purpose. Its red claims are the fault's,
     not the book's errata, so the chapter's latest run.json and errata.md stay; its own record is kept, marked."""
     name = "kv-bytes-counts-query-heads"
     latest = {n: tmp_path / n for n in ("run.json", "errata.md")}
     for n, path in latest.items():
         path.write_text(f"the chapter's last {n}\n")
-    proc = python_m("pytest", "-q", "-p", "no:cacheprovider", "--fault", name, "--claims", "KV-BYTES-FORMULA", "--report-dir", str(tmp_path),
-                    cwd=ROOT, timeout=300)
+    # in an interpreter of its own: the fault patches the code it runs
+    proc = suite(pytester, "-q", "--fault", name, "--claims", "KV-BYTES-FORMULA", "--report-dir", str(tmp_path), separate=True)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert {n: p.read_text() for n, p in latest.items()} == {n: f"the chapter's last {n}\n" for n in latest}
     (kept,) = [p for p in (tmp_path / "runs").glob("*.json") if not p.name.endswith(".benchmarks.json")]
@@ -184,16 +185,16 @@ def test_a_fault_run_starts_pytest_from_the_fork_server_or_a_fresh_interpreter(m
 
 
 @pytest.mark.faults
-def test_every_known_fault_turns_a_claim_red_in_every_run(tmp_path):
+def test_every_known_fault_turns_a_claim_red_in_every_run(tmp_path, capfd):
     """The whole catalogue (minutes): every fault turns at least one of its claims red, in each of 3 runs."""
-    proc = python_m("cheapinfer", "faults", "--runs", "3", "--report-dir", str(tmp_path), cwd=ROOT, timeout=None)
+    proc = cheapinfer(capfd, "faults", "--runs", "3", "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("args, message", [(["--fault", "no-such-fault"], "no such fault"), (["--claims", "NOPE-1"], "no such claim ID"),
                                            (["--fault", ""], "--fault: the value is empty")])
-def test_unknown_fault_or_claim_is_a_usage_error(args, message):
-    proc = python_m("pytest", "claims/test_budget.py", "-q", "-p", "no:cacheprovider", *args, cwd=ROOT, timeout=120)
+def test_unknown_fault_or_claim_is_a_usage_error(args, message, pytester):
+    proc = suite(pytester, "claims/test_budget.py", "-q", *args)
     assert proc.returncode == 4 and message in proc.stderr, proc.stderr
 
 

@@ -4,29 +4,29 @@ steps, offline, and one record with the GPU and the verdicts."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
+import torch
+from commands import cheapinfer
 from fake_cuda import FakeCuda
-from harness import python_m
 
-from cheapinfer import cli
-from cheapinfer.audits import gpu_check
+from cheapinfer import CHECKOUT, cli
+from cheapinfer.audits import gpu_check, launch
 from cheapinfer.cli.machine import gpu_check_cli
 from cheapinfer.runtime import device as devices
 
 
-def test_without_cuda_it_says_so_in_one_line_and_exits_non_zero():
-    run = python_m("cheapinfer", "gpu-check", env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+def test_without_cuda_it_says_so_in_one_line_and_exits_non_zero(capfd, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as with CUDA_VISIBLE_DEVICES="" on a GPU machine
+    run = cheapinfer(capfd, "gpu-check")
     assert run.returncode == gpu_check.NO_CUDA_EXIT != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs a CUDA GPU" in lines[0] and "Traceback" not in run.stderr, run.stderr
     assert run.stdout == ""
 
 
-def test_it_refuses_a_cpu_device_in_one_line():
-    run = python_m("cheapinfer", "gpu-check", "--device", "cpu")
+def test_it_refuses_a_cpu_device_in_one_line(capfd):
+    run = cheapinfer(capfd, "gpu-check", "--device", "cpu")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and "runs on CUDA" in run.stderr
 
 
@@ -35,12 +35,14 @@ def test_it_is_a_command_of_the_generated_reference():
     assert "gpu-check" in cli.parser().format_help()
 
 
-def test_the_plan_runs_the_gpu_tests_then_the_device_claims_through_verify(tmp_path):
-    (tests_name, tests), (claims_name, claims) = gpu_check.plan("cuda:0", tmp_path)
-    assert tests_name == "tests" and tests[1:3] == ["-m", "pytest"] and tests[tests.index("-m", 3) + 1] == "gpu"
-    assert tests[tests.index("--device") + 1] == "cuda:0"
-    assert claims_name == "claims" and claims[1:4] == ["-m", "cheapinfer", "verify"] and claims[-2:] == ["-m", "gpu"]
+def test_the_plan_runs_the_gpu_tests_then_the_device_claims_as_verify_does(tmp_path):
+    (tests_name, tests), (claims_name, claims) = gpu_check.plan("cuda:0", tmp_path, book_model="/models/qwen")
+    assert tests_name == "tests" and tests[1:4] == ["-m", "pytest", str(CHECKOUT / "tests")] and tests[tests.index("-m", 3) + 1] == "gpu"
+    assert tests[tests.index("--device") + 1] == "cuda:0" and tests[tests.index("--report-dir") + 1] == str(tmp_path / "tests")
+    assert "--book-model" not in tests
+    assert claims_name == "claims" and claims[1:4] == ["-m", "pytest", str(CHECKOUT / "claims")] and claims[claims.index("-m", 3) + 1] == "gpu"
     assert claims[claims.index("--device") + 1] == "cuda:0" and claims[claims.index("--report-dir") + 1] == str(tmp_path)
+    assert claims[claims.index("--book-model") + 1] == "/models/qwen"
 
 
 def test_on_cuda_it_runs_both_steps_offline_and_writes_one_record(tmp_path, monkeypatch, capsys):
@@ -52,15 +54,15 @@ def test_on_cuda_it_runs_both_steps_offline_and_writes_one_record(tmp_path, monk
 
     def call(cmd, env):
         ran.append((cmd, env))
-        if "verify" in cmd:  # what verify leaves behind: the run record
+        if cmd[3] == str(CHECKOUT / "claims"):  # what the claims run leaves behind: the run record
             results = {"KV-DECODE-MEMBOUND": {"results": [{"verdict": "inconclusive"}]}, "Q-NF4": {"results": [{"verdict": "shape holds"}]}}
             (tmp_path / "run.json").write_text(json.dumps({"claims": results}))
-            return 1  # a claim deviates: a finding, and the check's exit says so
-        return 0
+            return 1, False  # a claim deviates: a finding, and the check's exit says so
+        return 0, False
 
-    monkeypatch.setattr(subprocess, "call", call)
+    monkeypatch.setattr(launch, "run_interruptibly", call)
     code = gpu_check_cli(["--report-dir", str(tmp_path)])
-    assert code == 1 and [c[0][2] for c in ran] == ["pytest", "cheapinfer"]
+    assert code == 1 and [c[0][3] for c in ran] == [str(CHECKOUT / "tests"), str(CHECKOUT / "claims")]
     assert all(env[k] == "1" for _, env in ran for k in gpu_check.OFFLINE)
     record = json.loads((tmp_path / gpu_check.RECORD_NAME).read_text())
     assert record["device"] == "cuda:0" and record["environment"]["gpu"] == "Fake H100"

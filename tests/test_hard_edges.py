@@ -433,14 +433,13 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"cheapinfer {__version__}"
 
 
-def test_a_runs_summary_names_the_suites_version(tmp_path):
+def test_a_runs_summary_names_the_suites_version(tmp_path, pytester):
     """The terminal summary a reader copies into an issue says which release measured it."""
-    from harness import python_m
+    from plugin_runs import suite
 
     from cheapinfer import __version__
 
-    run = python_m("pytest", "-p", "no:cacheprovider", "-q", f"--report-dir={tmp_path}", "claims", "--claims", "KV-BYTES-FORMULA",
-                   cwd=Path(__file__).resolve().parent.parent)
+    run = suite(pytester, "-q", f"--report-dir={tmp_path}", "claims", "--claims", "KV-BYTES-FORMULA")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert f" chapter claims, cheapinfer {__version__} " in run.stdout
 
@@ -496,12 +495,10 @@ def _runs_file(tmp: Path) -> list[str]:
     (lambda tmp: ["--hypothesis-profile", ""], "--hypothesis-profile: the value is empty"),
     (_runs_file, "is a file, not a directory; this run's record could not be kept there"),
 ], ids=["--fault not selected", "--perturb not selected", "empty hypothesis profile", "runs is a file"])
-def test_a_run_that_would_mean_nothing_is_a_usage_error_before_any_test(args, said, tmp_path):
-    from harness import python_m
+def test_a_run_that_would_mean_nothing_is_a_usage_error_before_any_test(args, said, tmp_path, pytester):
+    from plugin_runs import suite
 
-    root = Path(__file__).resolve().parents[1]
-    proc = python_m("pytest", "claims/test_budget.py", "-q", "-p", "no:cacheprovider", "--report-dir", str(tmp_path), *args(tmp_path),
-                    cwd=root, timeout=300)
+    proc = suite(pytester, "claims/test_budget.py", "-q", "--report-dir", str(tmp_path), *args(tmp_path))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 4 and len(lines) == 1 and said in lines[0], proc.stdout + proc.stderr
     assert "passed" not in proc.stdout and not (tmp_path / "run.json").exists()
@@ -546,14 +543,14 @@ def test_a_fault_injected_record_is_no_quiet_record(tmp_path, capsys):
     assert code == 2 and "a run with the fault kv-decode-ignores-cache injected" in line
 
 
-def test_a_run_leaves_no_stray_benchmarks_folder_in_the_callers_directory(tmp_path):
-    from harness import python_m
+def test_a_run_leaves_no_stray_benchmarks_folder_in_the_callers_directory(tmp_path, pytester):
+    from plugin_runs import suite
 
     root = Path(__file__).resolve().parents[1]
     caller = tmp_path / "caller"
     caller.mkdir()
-    proc = python_m("pytest", str(root / "tests" / "test_budget_cli.py"), "-q", "-p", "no:cacheprovider", "--rootdir", str(root),
-                    "--report-dir", str(tmp_path / "reports"), "-k", "not slow", cwd=caller, timeout=300)
+    proc = suite(pytester, str(root / "tests" / "test_budget_cli.py"), "-q", "--rootdir", str(root), "--report-dir", str(tmp_path / "reports"),
+                 "-k", "not slow", cwd=caller)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert list(caller.iterdir()) == []
 
@@ -575,16 +572,16 @@ def _benchmarks_on_a_full_disk(tmp_path, capsys, monkeypatch):
 
 
 
-def test_verify_on_a_disk_that_fills_keeps_its_record_and_points_at_no_report_it_did_not_write(tmp_path):
+def test_verify_on_a_disk_that_fills_keeps_its_record_and_points_at_no_report_it_did_not_write(tmp_path, capfd):
     """The run's own record is whole in runs/, the latest pair is as it was, and nothing says otherwise."""
-    from harness import python_m
+    from commands import cheapinfer
 
     args = ("verify", "--claims", "KV-BYTES-FORMULA", "--report-dir", str(tmp_path))
-    first = python_m("cheapinfer", *args, cwd=tmp_path)
+    first = cheapinfer(capfd, *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     before = {n: (tmp_path / n).read_bytes() for n in ("run.json", "errata.md")}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
-    full = python_m("cheapinfer", *args, "-p", "full_disk", cwd=tmp_path, env=env)
+    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
+    full = cheapinfer(capfd, *args, "-p", "full_disk", cwd=tmp_path, env=env)  # its claims run loads the plugin that fills the disk
     assert full.returncode == 3, full.stdout[-2000:] + full.stderr[-2000:]
     assert {n: (tmp_path / n).read_bytes() for n in before} == before, "the latest record was replaced or truncated"
     errors = [line for line in full.stderr.splitlines() if line.startswith("ERROR")]
@@ -597,14 +594,14 @@ def test_verify_on_a_disk_that_fills_keeps_its_record_and_points_at_no_report_it
 
 @pytest.mark.parametrize("case,said", [("duplicate", "is not valid TOML: Cannot declare"), ("nan-tolerance", "needs a finite tol > 0"),
                                        ("bad-timing", "timing 'sometimes' is none of clocked, counted")])
-def test_a_broken_registry_through_pytest_is_one_line_and_exit_4(case, said, tmp_path):
-    """The path a maintainer meets first (pytest's configure), not only the commands'."""
-    from harness import python_m
+def test_a_broken_registry_through_pytest_is_one_line_and_exit_4(case, said, tmp_path, pytester, monkeypatch):
+    """The path a maintainer meets first (pytest's configure), not only the commands'. In an interpreter of its own:
+    the broken registry is its plugin's, loaded before the suite's."""
+    from plugin_runs import suite
 
-    env = {**os.environ, "BROKEN_REGISTRY": case,
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
-    run = python_m("pytest", "-p", "no:cacheprovider", "-p", "broken_registry", f"--report-dir={tmp_path}", "--co", "-q",
-                   "claims/test_budget.py", cwd=Path(__file__).resolve().parent.parent, env=env)
+    monkeypatch.setenv("BROKEN_REGISTRY", case)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]))
+    run = suite(pytester, "-p", "broken_registry", f"--report-dir={tmp_path}", "--co", "-q", "claims/test_budget.py", separate=True)
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert run.returncode == registry.REGISTRY_EXIT, run.stdout[-2000:] + run.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("ERROR: the registry ") and said in lines[0], run.stderr

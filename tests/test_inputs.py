@@ -1,26 +1,26 @@
 """Bad input gets a clear answer, never a false pass."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from harness import python_m
+from commands import cheapinfer
+from plugin_runs import suite
 
 from cheapinfer.runtime import artifacts, models
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    return python_m("pytest", f"--rootdir={ROOT}", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", *args, cwd=ROOT)
+def _pytest(pytester: pytest.Pytester, *args: str, tmp_path: Path, separate: bool = False) -> subprocess.CompletedProcess:
+    return suite(pytester, f"--rootdir={ROOT}", f"--report-dir={tmp_path}", *args, separate=separate)
 
 
-def test_book_model_pointing_nowhere_is_a_usage_error(tmp_path):
+def test_book_model_pointing_nowhere_is_a_usage_error(tmp_path, pytester):
     missing = tmp_path / "no-such-model"
-    run = _pytest(f"--book-model={missing}", "--co", "-q", tmp_path=tmp_path)
+    run = _pytest(pytester, f"--book-model={missing}", "--co", "-q", tmp_path=tmp_path)
     assert run.returncode == 4, run.stdout + run.stderr
     assert str(missing) in run.stderr and "config.json" in run.stderr
 
@@ -30,18 +30,18 @@ def test_book_model_without_config_is_a_usage_error(tmp_path):
         models.find_book(str(tmp_path))
 
 
-def test_gpu_claims_without_cuda_are_skipped_with_a_reason(tmp_path):
+def test_gpu_claims_without_cuda_are_skipped_with_a_reason(tmp_path, pytester):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the gpu claims run here")
-    run = _pytest("claims", "-m", "gpu", "-rs", "-q", tmp_path=tmp_path)
+    run = _pytest(pytester, "claims", "-m", "gpu", "-rs", "-q", tmp_path=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "needs a CUDA device" in run.stdout and " passed" not in run.stdout
 
 
-def test_unknown_perturb_id_is_a_usage_error(tmp_path):
-    run = _pytest("--perturb", "KV-NOPE", "--co", "-q", tmp_path=tmp_path)
+def test_unknown_perturb_id_is_a_usage_error(tmp_path, pytester):
+    run = _pytest(pytester, "--perturb", "KV-NOPE", "--co", "-q", tmp_path=tmp_path)
     assert run.returncode == 4 and "KV-NOPE" in run.stderr
 
 
@@ -80,12 +80,12 @@ def test_corpus_artifact_is_fetched_and_checked(tmp_path):
     assert artifacts.sha256(path) == artifacts.CORPUS.member_sha256
 
 
-def test_corpus_pointing_nowhere_is_a_usage_error(tmp_path):
-    run = _pytest(f"--corpus={tmp_path / 'no-such.txt'}", "--co", "-q", tmp_path=tmp_path)
+def test_corpus_pointing_nowhere_is_a_usage_error(tmp_path, pytester):
+    run = _pytest(pytester, f"--corpus={tmp_path / 'no-such.txt'}", "--co", "-q", tmp_path=tmp_path)
     assert run.returncode == 4 and "no-such.txt" in run.stderr
 
 
-def test_another_architecture_as_book_model_deviates_without_crashing(tmp_path):
+def test_another_architecture_as_book_model_deviates_without_crashing(tmp_path, pytester):
     """A llama-architecture model passed as the book model: its digits deviate, with numbers; nothing crashes."""
     import json
 
@@ -94,7 +94,8 @@ def test_another_architecture_as_book_model_deviates_without_crashing(tmp_path):
     except artifacts.ArtifactUnavailable as exc:
         pytest.skip(f"stand-in model unavailable: {exc}")
     files = ["claims/test_outliers.py", "claims/test_distillation.py", "claims/test_quantization.py"]
-    run = _pytest(*files, f"--book-model={other}", "-m", "book", "-q", tmp_path=tmp_path)
+    # in an interpreter of its own: the book model it loads is no other run's
+    run = _pytest(pytester, *files, f"--book-model={other}", "-m", "book", "-q", tmp_path=tmp_path, separate=True)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     record = json.loads((tmp_path / "run.json").read_text())
     book = {cid: r for cid, c in record["claims"].items() for r in c["results"] if r["profile"] == "book"}
@@ -144,9 +145,9 @@ def _corpus(tmp_path: Path, kind: str) -> Path:
         pytest.param("--book-model", lambda t: _book_dir(t, weights="none"), "no weights (*.safetensors)", id="book-no-weights"),
     ],
 )
-def test_an_unusable_input_is_one_line_and_a_usage_error(option, make, message, tmp_path):
+def test_an_unusable_input_is_one_line_and_a_usage_error(option, make, message, tmp_path, pytester):
     path = make(tmp_path)
-    run = _pytest(f"{option}={path}", "--co", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
+    run = _pytest(pytester, f"{option}={path}", "--co", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
     assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
     lines = [line for line in run.stderr.splitlines() if line.startswith("ERROR: ")]
     assert lines == [lines[0]] and lines[0].startswith(f"ERROR: {option} {path}: ") and message in lines[0], run.stderr
@@ -172,21 +173,23 @@ def _one_line(run: subprocess.CompletedProcess, code: int) -> str:
     return lines[0]
 
 
-def _cheapinfer(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return python_m("cheapinfer", *args, cwd=cwd, env={**os.environ, **(env or {})})
+@pytest.fixture
+def command(capfd):
+    """``command(*args, env=...)``: ``cheapinfer args`` in this process, from the checkout, with ``env`` set for it."""
+    return lambda *args, env=None: cheapinfer(capfd, *args, cwd=ROOT, env=env)
 
 
-def test_an_unknown_command_is_one_line_naming_the_valid_ones():
-    line = _one_line(_cheapinfer("nope"), 2)
+def test_an_unknown_command_is_one_line_naming_the_valid_ones(command):
+    line = _one_line(command("nope"), 2)
     assert line == ("cheapinfer: error: unknown command 'nope' (commands: verify, fetch, budget, compare, merge, faults, isa, stress, engine, errata, gpu-check; "
                     "python -m cheapinfer --help says what each does)")
 
 
-def test_no_command_prints_the_usage_and_exits_2_and_help_exits_0():
-    bare = _cheapinfer()
+def test_no_command_prints_the_usage_and_exits_2_and_help_exits_0(command):
+    bare = command()
     assert bare.returncode == 2 and bare.stderr.startswith("Command line: ``python -m cheapinfer <command>``.") and bare.stdout == ""
     for flag in ("-h", "--help"):
-        helped = _cheapinfer(flag)
+        helped = command(flag)
         assert helped.returncode == 0 and helped.stdout.startswith("Command line:") and helped.stderr == ""
 
 
@@ -201,53 +204,53 @@ def test_no_command_prints_the_usage_and_exits_2_and_help_exits_0():
         pytest.param(["engine", "--rounds", "x"], "argument --rounds: invalid int value: 'x'", id="engine-bad-value"),
     ],
 )
-def test_a_bad_argument_to_budget_merge_or_engine_is_one_line_without_the_usage(args, message):
+def test_a_bad_argument_to_budget_merge_or_engine_is_one_line_without_the_usage(args, message, command):
     """argparse's own error printed the whole usage block before its line; these commands parse with cli.Parser too."""
-    run = _cheapinfer(*args)
+    run = command(*args)
     line = _one_line(run, 2)
     assert line == f"cheapinfer {args[0]}: error: {message} (see cheapinfer {args[0]} --help)"
     assert "usage:" not in run.stderr and run.stdout == ""
 
 
 @pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf"])
-def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(timeout):
-    line = _one_line(_cheapinfer("faults", f"--timeout={timeout}"), 2)
+def test_a_faults_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(timeout, command):
+    line = _one_line(command("faults", f"--timeout={timeout}"), 2)
     assert line == (f"cheapinfer faults: error: argument --timeout: must be a finite number of seconds > 0, not {timeout} "
                     "(see cheapinfer faults --help)")
 
 
 @pytest.mark.parametrize("option", ["--report-dir", "--corpus", "--book-model", "--fault"])
-def test_an_empty_option_value_is_a_usage_error_not_the_default(option, tmp_path):
+def test_an_empty_option_value_is_a_usage_error_not_the_default(option, tmp_path, pytester):
     """``--fault ''`` used to run green with no fault injected: an empty value is never the default."""
-    args = ["-p", "no:cacheprovider", "tests/test_budget_cli.py", "-q", f"{option}="]
+    args = ["tests/test_budget_cli.py", "-q", f"{option}="]
     if option != "--report-dir":
         args.append(f"--report-dir={tmp_path}")
-    line = _one_line(python_m("pytest", *args, cwd=ROOT), 4)
+    line = _one_line(suite(pytester, *args), 4)
     assert line == f"ERROR: {option}: the value is empty (leave the option out for its default)"
     assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("option", ["--report-dir", "--book-model"])
-def test_an_empty_verify_option_is_a_usage_error(option):
-    line = _one_line(_cheapinfer("verify", option, ""), 2)
+def test_an_empty_verify_option_is_a_usage_error(option, command):
+    line = _one_line(command("verify", option, ""), 2)
     assert line == f"cheapinfer verify: error: argument {option}: must not be empty (leave the option out for its default) (see cheapinfer verify --help)"
 
 
-def test_an_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
-    line = _one_line(_pytest("tests/test_budget_cli.py", "--hypothesis-profile", "nope", "-q", tmp_path=tmp_path), 4)
+def test_an_unknown_hypothesis_profile_is_a_usage_error(tmp_path, pytester):
+    line = _one_line(_pytest(pytester, "tests/test_budget_cli.py", "--hypothesis-profile", "nope", "-q", tmp_path=tmp_path), 4)
     assert line == "ERROR: --hypothesis-profile nope: no such profile (the suite registers ci and thorough)"
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5", "", "999999"])
-def test_timing_threads_that_are_not_an_integer_are_a_usage_error(value, tmp_path):
+def test_timing_threads_that_are_not_an_integer_are_a_usage_error(value, tmp_path, pytester, command, monkeypatch):
     """CHEAPINFER_TIMING_THREADS is read when cheapinfer.runtime.timing is imported: a bad value must not fail there."""
     message = (f"CHEAPINFER_TIMING_THREADS={value!r}: expected an integer from 0 to 1024 (torch threads while timing on a CPU; "
                "0 keeps torch's own count; more threads than any CPU has cores time nothing real)")
-    env = {**os.environ, "CHEAPINFER_TIMING_THREADS": value}
-    run = python_m("pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path}", "tests/test_budget_cli.py", "-q", cwd=ROOT, timeout=300, env=env)
+    monkeypatch.setenv("CHEAPINFER_TIMING_THREADS", value)
+    run = suite(pytester, f"--report-dir={tmp_path}", "tests/test_budget_cli.py", "-q")
     assert _one_line(run, 4) == f"ERROR: {message}"
-    for command in ("verify", "faults"):
-        assert _one_line(_cheapinfer(command, env={"CHEAPINFER_TIMING_THREADS": value}), 2) == f"cheapinfer {command}: error: {message}"
+    for name in ("verify", "faults"):
+        assert _one_line(command(name, env={"CHEAPINFER_TIMING_THREADS": value}), 2) == f"cheapinfer {name}: error: {message}"
 
 
 def test_timing_threads_zero_and_a_count_are_accepted():
@@ -258,15 +261,16 @@ def test_timing_threads_zero_and_a_count_are_accepted():
 
 
 @pytest.mark.parametrize("where", ["file", "below-a-file"])
-def test_a_cache_that_is_a_file_is_one_line(where, tmp_path):
+def test_a_cache_that_is_a_file_is_one_line(where, tmp_path, pytester, command, monkeypatch):
     """CHEAPINFER_CACHE pointing at a file (or below one): pytest's usage error, and fetch's one-line error."""
     (tmp_path / "cache").write_text("a file")
     cache = tmp_path / "cache" if where == "file" else tmp_path / "cache" / "sub"
     expected = f"CHEAPINFER_CACHE={cache}: {tmp_path / 'cache'} is a file, not a directory; point CHEAPINFER_CACHE at a directory"
     env = {"CHEAPINFER_CACHE": str(cache)}
-    run = python_m("pytest", "-p", "no:cacheprovider", f"--report-dir={tmp_path / 'r'}", "tests/test_budget_cli.py", "-q", cwd=ROOT, timeout=300, env={**os.environ, **env})
+    monkeypatch.setenv("CHEAPINFER_CACHE", str(cache))
+    run = suite(pytester, f"--report-dir={tmp_path / 'r'}", "tests/test_budget_cli.py", "-q")
     assert _one_line(run, 4) == f"ERROR: {expected}"
-    assert _one_line(_cheapinfer("fetch", env=env), 1) == f"cheapinfer fetch: error: {expected}"
+    assert _one_line(command("fetch", env=env), 1) == f"cheapinfer fetch: error: {expected}"
     assert (tmp_path / "cache").read_text() == "a file"
 
 
@@ -309,9 +313,9 @@ def test_a_16_bit_twin_is_refused_on_a_cpu_and_taken_on_cuda(monkeypatch):
         assert models.unusable_twin_dtype(dtype, "cpu").startswith(f"{dtype}: on a CPU the twin runs in fp32")
 
 
-def test_a_16_bit_twin_on_a_cpu_is_one_line_and_a_usage_error(tmp_path):
+def test_a_16_bit_twin_on_a_cpu_is_one_line_and_a_usage_error(tmp_path, pytester):
     """Its clocked verdicts would be the CPU's kernels read as errata of the book (``models.unusable_twin_dtype``)."""
-    run = _pytest("--device", "cpu", "--twin-dtype", "bf16", "--co", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
+    run = _pytest(pytester, "--device", "cpu", "--twin-dtype", "bf16", "--co", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
     assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert lines == ["ERROR: --twin-dtype " + models.unusable_twin_dtype("bf16", "cpu")], run.stderr
@@ -326,23 +330,23 @@ def test_the_plugin_is_an_installed_pytest11_entry_point():
     assert ep.value == "fixtures.plugin"
 
 
-def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_checkout(tmp_path):
+def test_a_report_dir_given_as_a_separate_argument_parses_from_outside_the_checkout(tmp_path, pytester):
     """``pytest <checkout>/claims/... -m gpu --report-dir DIR`` from another directory: DIR is the option's value (the run
     selects a claim test, so it writes a record there; a run of the suite's own tests writes none)."""
     out = tmp_path / "out"
     out.mkdir()
-    run = python_m("pytest", "-p", "no:cacheprovider", str(ROOT / "claims" / "test_asides.py"), "-m", "gpu", "--report-dir", str(out), "-q", cwd=tmp_path, timeout=300)
+    run = suite(pytester, str(ROOT / "claims" / "test_asides.py"), "-m", "gpu", "--report-dir", str(out), "-q", cwd=tmp_path)
     assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert (out / "run.json").is_file()
 
 
-def test_the_issues_invocation_parses_from_the_checkout(tmp_path):
+def test_the_issues_invocation_parses_from_the_checkout(tmp_path, pytester):
     """The failing invocation of the issue, as written, from the checkout: ``pytest -m gpu --report-dir /some/existing/dir``.
     Without CUDA every selected claim is skipped with the reason, exit 0 (with CUDA: collection only, --co)."""
     import torch
 
     co = ["--co"] if torch.cuda.is_available() else []
-    run = python_m("pytest", "-p", "no:cacheprovider", "-m", "gpu", "--report-dir", str(tmp_path), "-q", *co, cwd=ROOT, timeout=600)
+    run = suite(pytester, "-m", "gpu", "--report-dir", str(tmp_path), "-q", *co)
     assert "unrecognized arguments" not in run.stderr and run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert co or (" skipped" in run.stdout.splitlines()[-1] and " passed" not in run.stdout.splitlines()[-1]), run.stdout[-500:]
 
@@ -382,14 +386,14 @@ def test_this_checkouts_package_is_accepted():
 
 @pytest.mark.parametrize("paths", [(), ("claims",), ("claims/test_budget.py",), (".",), ("tests/test_budget_cli.py", "--claims", "KV-API")],
                          ids=["testpaths", "claims", "one-claim-module", "checkout", "claims-option"])
-def test_workers_on_the_claims_are_a_usage_error(paths, tmp_path):
-    line = _one_line(_pytest("-n", "2", "-q", *paths, tmp_path=tmp_path), 4)
+def test_workers_on_the_claims_are_a_usage_error(paths, tmp_path, pytester):
+    line = _one_line(_pytest(pytester, "-n", "2", "-q", *paths, tmp_path=tmp_path), 4)
     assert line == ("ERROR: -n: the claims are measured one at a time in one process, never beside other workers: run the suite's "
                     "own checks in parallel and the claims alone (pytest -n 2 tests && pytest claims)")
 
 
-def test_the_suites_own_checks_run_on_workers_and_their_children_are_sessions_of_their_own(tmp_path):
-    run = _pytest("-n", "2", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path)
+def test_the_suites_own_checks_run_on_workers_and_their_children_are_sessions_of_their_own(tmp_path, pytester):
+    run = _pytest(pytester, "-n", "2", "-q", "tests/test_budget_cli.py", tmp_path=tmp_path, separate=True)  # workers of its own
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     from cheapinfer.audits import launch as cli
 

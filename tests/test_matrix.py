@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import python_m
+from commands import cheapinfer
 
 from cheapinfer.audits import families as kernel_families
 from cheapinfer.audits import matrix, stress
@@ -165,7 +165,7 @@ def test_the_stress_summary_names_each_claim_and_both_loads(tmp_path):
         store.keep(stressed, out)
         return 0, False
 
-    s = stress.stress(CLAIMS, 1, tmp_path, lambda d, c: ["pytest", "--report-dir", str(d)], run, record(load=QUIET_LOAD), "quiet.json", echo=lambda _: None)
+    s = stress.stress(CLAIMS, 1, tmp_path, runner=run, quiet_record=record(load=QUIET_LOAD), quiet_source="quiet.json", echo=lambda _: None)
     assert s["inconclusive_under_stress"] == ["KV-DECODE-FLAT"] and s["red_under_stress"] == []
     text = "\n".join(stress.stress_lines(s))
     assert "| KV-DECODE-FLAT | shape holds: step_ratio 1.05 ± 0.01 (< 1.25) [twin] | inconclusive: step_ratio 1.2 ± 0.1 (< 1.25) [twin] | inconclusive under stress |" in text
@@ -267,7 +267,7 @@ def _fake_isa(monkeypatch, runs: dict[str, dict | None]):
 
 def test_isa_main_names_each_flip_writes_the_matrix_and_exits_1(tmp_path, monkeypatch, capsys):
     run = _fake_isa(monkeypatch, {"avx2": record(step_ratio=1.6), "default": record()})
-    code = matrix.isa_main(CLAIMS, ["avx2", "avx512-bf16", "default"], tmp_path, lambda d, c: ["pytest", "--report-dir", str(d)], run)
+    code = matrix.isa_main(CLAIMS, ["avx2", "avx512-bf16", "default"], tmp_path, runner=run)
     out = capsys.readouterr().out
     assert code == 1 and "FLIP KV-DECODE-FLAT: green on default, red on avx2" in out
     m = json.loads((tmp_path / "matrix.json").read_text())
@@ -278,10 +278,9 @@ def test_isa_main_names_each_flip_writes_the_matrix_and_exits_1(tmp_path, monkey
 
 
 def test_isa_main_exits_0_when_the_families_agree_and_1_when_one_wrote_no_record(tmp_path, monkeypatch, capsys):
-    command = lambda d, c: ["pytest", "--report-dir", str(d)]  # noqa: E731
-    assert matrix.isa_main(CLAIMS, ["avx2", "default"], tmp_path / "a", command, _fake_isa(monkeypatch, {"avx2": record(), "default": record()})) == 0
+    assert matrix.isa_main(CLAIMS, ["avx2", "default"], tmp_path / "a", runner=_fake_isa(monkeypatch, {"avx2": record(), "default": record()})) == 0
     assert "2 claim(s) x 2 families (avx2, default)" in capsys.readouterr().out
-    assert matrix.isa_main(CLAIMS, ["avx2", "default"], tmp_path / "b", command, _fake_isa(monkeypatch, {"avx2": None, "default": record()})) == 1
+    assert matrix.isa_main(CLAIMS, ["avx2", "default"], tmp_path / "b", runner=_fake_isa(monkeypatch, {"avx2": None, "default": record()})) == 1
     assert "NO RECORD: avx2: its claims run wrote no record (pytest exit 3)" in capsys.readouterr().out
 
 
@@ -357,7 +356,7 @@ def test_sigterm_during_a_stressed_run_stops_the_busy_processes_and_is_one_line(
         seen.extend(p for p in os.listdir("/proc") if p.isdigit() and _alive(int(p)) and _is_busy(int(p)))
         raise Terminated()
 
-    code = stress.stress_main(CLAIMS, 2, tmp_path, lambda d, c: ["pytest"], run, record(), "quiet.json")
+    code = stress.stress_main(CLAIMS, 2, tmp_path, runner=run, quiet_record=record(), quiet_source="quiet.json")
     assert code == 143 and len(seen) >= 2 and not any(_alive(int(p)) for p in seen)
     assert capsys.readouterr().err.strip() == ("cheapinfer stress: terminated (SIGTERM); the running claims run was stopped; "
                                                "no summary was written")
@@ -381,10 +380,9 @@ def _is_busy(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path):
+def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path, capfd):
     """One fast clocked claim under the AVX2 cap and under the machine's own kernels: 47 s on 2 cores at load 9, over a minute when busier."""
-    run = python_m("cheapinfer", "verify", "--isa-matrix", "--claims", "KV-HEAD-TIMING", "--families", "avx2,default",
-                   "--report-dir", str(tmp_path), cwd=ROOT, timeout=900)
+    run = cheapinfer(capfd, "verify", "--isa-matrix", "--claims", "KV-HEAD-TIMING", "--families", "avx2,default", "--report-dir", str(tmp_path))
     m = json.loads((tmp_path / "isa" / "matrix.json").read_text())
     assert run.returncode == (1 if m["flips"] else 0), run.stdout[-3000:] + run.stderr[-3000:]
     assert list(m["claims"]) == ["KV-HEAD-TIMING"] and list(m["families"]) == ["avx2", "default"]

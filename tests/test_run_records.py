@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import python_m
-from plugin_runs import errors
+from commands import cheapinfer
+from plugin_runs import errors, suite
 from plugin_runs import run as plugin_run
 
 from cheapinfer.harness import author, report, schema, store, tables
@@ -28,8 +28,8 @@ ONE_CLAIM = ["claims/test_kv_cache.py::test_kv_cache_is_12288_bytes_per_token"]
 ONE_TIMED_CLAIM = ["claims/test_kv_cache.py::test_head_recompute_over_cached_grows_with_n"]
 
 
-def _pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return python_m("pytest", "-p", "no:cacheprovider", "-q", *args, cwd=cwd)
+def _pytest(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return suite(pytester, "-q", *args, cwd=cwd)
 
 
 #: A made-up claim test (the runs below check the plugin's configure, collection and record, not a measurement).
@@ -102,12 +102,12 @@ def test_two_concurrent_runs_into_one_directory_keep_both_records(tmp_path):
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_pytest_runs_from_another_directory(tmp_path):
+def test_pytest_runs_from_another_directory(tmp_path, pytester):
     """``pytest /path/to/checkout``: the rootdir is the checkout; a relative --report-dir is the caller's;
     the benchmark JSON goes into the report directory, not into a reports/ of the caller's directory."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run = _pytest(str(ROOT), "-k", "test_kv_cache_is_12288_bytes_per_token", "--report-dir=out", cwd=elsewhere)
+    run = _pytest(pytester, str(ROOT), "-k", "test_kv_cache_is_12288_bytes_per_token", "--report-dir=out", cwd=elsewhere)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads((elsewhere / "out" / schema.RECORD_NAME).read_text())
     assert record["claims"]["KV-BYTES-FORMULA"]["verdict"] == "reproduced"
@@ -124,21 +124,21 @@ def test_write_replaces_the_latest_and_keep_never_overwrites(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([schema.RECORD_NAME, store.ERRATA_NAME, author.EVIDENCE_NAME, author.JSON_NAME, store.RUNS_DIR])
 
 
-def _verify(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return python_m("cheapinfer", "verify", *args, cwd=cwd)
+def _verify(capfd, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return cheapinfer(capfd, "verify", *args, cwd=cwd)
 
 
-def test_verify_prints_no_stale_summary_after_a_usage_error(tmp_path):
+def test_verify_prints_no_stale_summary_after_a_usage_error(tmp_path, capfd):
     shutil.copy(ROOT / "tests" / "data" / "run-record.json", tmp_path / schema.RECORD_NAME)  # an older run's record
-    run = _verify("--report-dir", str(tmp_path), "--perturb", "KV-NOPE")
+    run = _verify(capfd, "--report-dir", str(tmp_path), "--perturb", "KV-NOPE")
     assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
     assert "**all**" not in run.stdout and "Errata report" not in run.stdout
 
 
-def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path):
+def test_verify_prints_the_summary_of_its_own_run_in_its_report_dir(tmp_path, capfd):
     (tmp_path / "out").mkdir()
     shutil.copy(ROOT / "tests" / "data" / "run-record.json", tmp_path / "out" / schema.RECORD_NAME)  # an older run's
-    run = _verify("--report-dir", "out", "-k", "test_kv_cache_is_12288_bytes_per_token", cwd=tmp_path)
+    run = _verify(capfd, "--report-dir", "out", "-k", "test_kv_cache_is_12288_bytes_per_token", cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     kept = list((tmp_path / "out" / store.RUNS_DIR).glob("*.json"))
     assert len(kept) == 1 and f"Run record: {kept[0]}" in run.stdout
@@ -182,11 +182,11 @@ def test_a_collection_error_replaces_no_record(pytester):
     assert _unchanged(out, before) and not (out / store.RUNS_DIR).exists()
 
 
-def test_a_selection_of_no_test_replaces_no_record(tmp_path):
+def test_a_selection_of_no_test_replaces_no_record(tmp_path, capfd):
     """``verify -k no_such_test_name`` (pytest exit 5) used to replace run.json and errata.md with an empty record."""
     out = tmp_path / "reports"
     before = _seeded(out)
-    run = _verify("--report-dir", str(out), "-k", "no_such_test_name")
+    run = _verify(capfd, "--report-dir", str(out), "-k", "no_such_test_name")
     assert _usage_error(run, 5) == ("cheapinfer verify: no test was selected, nothing was run; "
                                     "the latest run.json and errata.md were not replaced")
     assert "**all**" not in run.stdout and "Run record" not in run.stdout
@@ -194,12 +194,12 @@ def test_a_selection_of_no_test_replaces_no_record(tmp_path):
     assert _unchanged(out, before) and not (out / store.RUNS_DIR).exists()
 
 
-def test_a_run_of_the_suites_own_tests_replaces_no_record(tmp_path):
+def test_a_run_of_the_suites_own_tests_replaces_no_record(tmp_path, pytester):
     """``pytest tests/test_rounding.py`` measures nothing about the chapter: it used to replace run.json and errata.md
     with a record of 61 claims not run."""
     out = tmp_path / "reports"
     before = _seeded(out)
-    run = _pytest("tests/test_rounding.py", f"--report-dir={out}", "-q", "-p", "no:cacheprovider")
+    run = _pytest(pytester, "tests/test_rounding.py", f"--report-dir={out}")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "no claim test was selected: no record written (the latest run.json and errata.md were not replaced)" in run.stdout.splitlines()
     assert _unchanged(out, before) and not (out / store.RUNS_DIR).exists()
@@ -234,7 +234,14 @@ def test_a_full_disk_leaves_the_previous_record_and_no_temporary_file(tmp_path, 
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(before)  # no .tmp left anywhere
 
 
-def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
+def _aside(monkeypatch, plugins: Path, aside: Path) -> None:
+    """A run in an interpreter of its own (its plugin patches the report writing) finds its plugin in ``plugins`` and
+    keeps its record aside in ``aside`` (its TMPDIR)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TMPDIR", str(aside))
+
+
+def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path, pytester, monkeypatch):
     """The whole path: the plugin's report writing fails with ENOSPC; one ERROR line, the previous pair intact."""
     out = tmp_path / "reports"
     before = _seeded(out)
@@ -244,8 +251,8 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
     )
     aside = tmp_path / "aside"  # the same full disk: the record is printed, not lost
     aside.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(aside)}
-    run = python_m("pytest", "-p", "no:cacheprovider", "-q", "-p", "enospc", *ONE_CLAIM, f"--report-dir={out}", cwd=ROOT, timeout=300, env=env)
+    _aside(monkeypatch, tmp_path, aside)
+    run = suite(pytester, "-q", "-p", "enospc", *ONE_CLAIM, f"--report-dir={out}", separate=True)
     line = _usage_error(run, code=3)
     assert line == (f"ERROR: cannot write this run's record in {out}: No space left on device; the latest run.json and errata.md are as they "
                     f"were; this run's record could not be kept in {aside} either (No space left on device), so it was printed on standard output")
@@ -254,7 +261,7 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path):
     assert '"schema": ' in run.stdout and ONE_CLAIM[0].split("::")[0] in run.stdout
 
 
-def test_a_run_whose_report_dir_is_full_keeps_its_record_aside(tmp_path):
+def test_a_run_whose_report_dir_is_full_keeps_its_record_aside(tmp_path, pytester, monkeypatch):
     """A full report dir (its own copy in runs/ fails too) with room elsewhere: the record is kept in TMPDIR and named."""
     out, aside = tmp_path / "reports", tmp_path / "aside"
     before = _seeded(out)
@@ -263,8 +270,8 @@ def test_a_run_whose_report_dir_is_full_keeps_its_record_aside(tmp_path):
         "import errno, os\nfrom cheapinfer.harness import report, store\n\n\ndef pytest_configure(config):\n"
         "    def full(*args, **kwargs):\n        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\n    store.keep = report.write = full\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(aside)}
-    run = python_m("pytest", "-p", "no:cacheprovider", "-q", "-p", "fullhere", *ONE_CLAIM, f"--report-dir={out}", cwd=ROOT, timeout=300, env=env)
+    _aside(monkeypatch, tmp_path, aside)
+    run = suite(pytester, "-q", "-p", "fullhere", *ONE_CLAIM, f"--report-dir={out}", separate=True)
     line = _usage_error(run, code=3)
     kept = list(aside.glob("cheapinfer-run-*.json"))
     assert len(kept) == 1 and line.endswith(f"are as they were; this run's record was kept as {kept[0]} instead"), line
@@ -286,12 +293,12 @@ def test_report_files_get_the_mode_the_umask_gives(umask, tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
 
 
-def test_each_run_keeps_its_own_timings(tmp_path):
+def test_each_run_keeps_its_own_timings(tmp_path, pytester):
     """benchmarks.json is the latest run's; each run's record names the copy of its own timings beside it."""
     out = tmp_path / "reports"
     ids = []
     for _ in range(2):
-        run = _pytest(*ONE_TIMED_CLAIM, f"--report-dir={out}")
+        run = _pytest(pytester, *ONE_TIMED_CLAIM, f"--report-dir={out}")
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         ids.append(json.loads((out / schema.RECORD_NAME).read_text())["run"]["id"])
     latest = json.loads((out / "benchmarks.json").read_text())
@@ -309,9 +316,9 @@ def test_each_run_keeps_its_own_timings(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_the_run_id_verify_passes_names_the_record(tmp_path):
-    env = {**os.environ, store.RUN_ID_VARIABLE: "feedc0ffee42"}
-    run = python_m("pytest", "-p", "no:cacheprovider", "-q", *ONE_CLAIM, f"--report-dir={tmp_path}", cwd=ROOT, timeout=300, env=env)
+def test_the_run_id_verify_passes_names_the_record(tmp_path, pytester, monkeypatch):
+    monkeypatch.setenv(store.RUN_ID_VARIABLE, "feedc0ffee42")
+    run = suite(pytester, "-q", *ONE_CLAIM, f"--report-dir={tmp_path}")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     [kept] = (tmp_path / store.RUNS_DIR).glob("*.json")
     assert kept.name.endswith("-feedc0ffee42.json") and schema.read_record(kept)["run"]["id"] == "feedc0ffee42"

@@ -1,11 +1,12 @@
 """``python -m cheapinfer gpu-check``: the one prepared check of a CUDA machine, offline.
 
 It needs the pinned artifacts in the cache already (``python -m cheapinfer fetch`` once, with the network; carry
-``CHEAPINFER_CACHE`` over to the GPU machine), and runs, with every download refused:
+``CHEAPINFER_CACHE`` over to the GPU machine), and runs, with every download refused, each through the one launcher
+(:func:`cheapinfer.audits.launch.run_claims`, Ctrl-C passed on, SIGTERM stopping the running step):
 
 1. ``pytest tests -m gpu --device cuda``: the suite's own GPU tests (bitsandbytes against the suite's formats);
-2. ``python -m cheapinfer verify --device cuda -m gpu``: every device-dependent claim, which writes the run record and
-   prints the verdict table.
+2. ``pytest claims -m gpu --device cuda``, as ``python -m cheapinfer verify --device cuda -m gpu`` runs it: every
+   device-dependent claim, which writes the run record; the verdict table is printed.
 
 Then one record, ``gpu-check.json`` in the report folder: the GPU (name, memory, compute capability), its driver,
 CUDA, cuDNN and the library versions (:func:`cheapinfer.runtime.device.environment`), each step's command, exit
@@ -20,9 +21,10 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 from .. import CHECKOUT
-from .launch import child_environment
+from .launch import Interrupted, Runner, child_environment, claims_args, claims_outcome, interruptible, run_claims, warn_memory
 
 RECORD_NAME = "gpu-check.json"
 #: Every download refused: the suite's artifacts and Hugging Face's.
@@ -30,14 +32,40 @@ OFFLINE = {"CHEAPINFER_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLI
 NO_CUDA_EXIT = 2
 
 
-def plan(device: str, out: Path, root: Path = CHECKOUT, passthrough: list[str] | None = None) -> list[tuple[str, list[str]]]:
-    """The check's steps, (name, command), in order: the GPU tests, then the device claims through verify."""
-    extra = list(passthrough or [])
-    return [
-        ("tests", [sys.executable, "-m", "pytest", str(root / "tests"), "-m", "gpu", "--device", device, "-q", "-p", "no:cacheprovider",
-                   "--report-dir", str(out / "tests"), "-r", "fEs"]),
-        ("claims", [sys.executable, "-m", "cheapinfer", "verify", "--device", device, "--report-dir", str(out), *extra, "-m", "gpu"]),
-    ]
+#: The check's steps, (name, folder of the checkout, what its pytest is given besides the device's and the report folder).
+STEPS = (("tests", "tests", ["-m", "gpu", "-r", "fEs"]), ("claims", "claims", ["-m", "gpu", "-r", "fE"]))
+
+
+def step_dir(name: str, out: Path) -> Path:
+    """Where a step's pytest writes: ``out/tests`` for the GPU tests; ``out`` itself for the claims (its run record)."""
+    return out / "tests" if name == "tests" else out
+
+
+def step_args(name: str, device: str, book_model: str | None = None) -> list[str]:
+    """What the step ``name``'s pytest is given besides its folder and report folder (:func:`claims_args` adds those)."""
+    extra = ["--device", device] + (["--book-model", book_model] if book_model and name == "claims" else [])
+    return extra + dict((n, a) for n, _, a in STEPS)[name]
+
+
+def plan(device: str, out: Path, book_model: str | None = None) -> list[tuple[str, list[str]]]:
+    """The check's steps, (name, the pytest command line it runs), in order: the GPU tests, then the device claims."""
+    return [(name, [sys.executable, "-m", "pytest", *claims_args(None, step_dir(name, out), pytest_args=step_args(name, device, book_model),
+                                                                   folder=folder)]) for name, folder, _ in STEPS]
+
+
+def run_steps(device: str, out: Path, book_model: str | None = None, runner: Runner | None = None) -> Iterator[dict]:
+    """Each step of :func:`plan` in turn, offline, through :func:`cheapinfer.audits.launch.run_claims`: (step, command,
+    exit, seconds), once it ended. After the claims step its verdict table, as ``verify`` prints it.
+    :class:`~cheapinfer.audits.launch.Interrupted` when Ctrl-C ended a step: no step starts after it."""
+    env = {**child_environment(), **OFFLINE}
+    for (name, folder, _), (_, cmd) in zip(STEPS, plan(device, out, book_model)):
+        if name == "claims":
+            warn_memory(out, device, "cheapinfer gpu-check")
+        got = run_claims(None, step_dir(name, out), env=env, pytest_args=step_args(name, device, book_model), runner=runner, folder=folder)
+        if got.interrupted:
+            raise Interrupted(f"during its {name} step")
+        code = claims_outcome(got, out, "cheapinfer gpu-check") if name == "claims" else got.exit_status
+        yield {"step": name, "command": cmd, "exit": code, "seconds": got.seconds}
 
 
 def verdicts(run_record: Path) -> dict[str, int]:
@@ -68,10 +96,9 @@ def _cached_artifacts() -> str | None:
     return None
 
 
-def gpu_check_main(p, args) -> int:
-    """``cheapinfer gpu-check`` after its arguments are parsed: the usage checks, the two steps, the record."""
-    import subprocess
-
+def gpu_check_main(p, args, runner: Runner | None = None) -> int:
+    """``cheapinfer gpu-check`` after its arguments are parsed: the usage checks, the two steps, the record. Ctrl-C is
+    exit 130 and SIGTERM 143, one line each, the running step stopped (:func:`cheapinfer.audits.launch.interruptible`)."""
     if not args.device.startswith("cuda"):
         p.error(f"--device {args.device}: the GPU check runs on CUDA (cuda or cuda:N); verify --device cpu runs the claims on the CPU")
     if not (CHECKOUT / "tests").is_dir() or not (CHECKOUT / "claims").is_dir():
@@ -96,16 +123,20 @@ def gpu_check_main(p, args) -> int:
         return NO_CUDA_EXIT
     out = args.report_dir.expanduser().absolute()
     out.mkdir(parents=True, exist_ok=True)
-    env = {**child_environment(), **OFFLINE}
-    steps, started = [], time.time()
-    for name, cmd in plan(str(device), out, passthrough=["--book-model", args.book_model] if args.book_model else None):
-        t0 = time.perf_counter()
-        try:
-            code = subprocess.call(cmd, env=env)
-        except KeyboardInterrupt:
-            print(f"cheapinfer gpu-check: interrupted during its {name} step; no record written", file=sys.stderr)
-            return 130
-        steps.append({"step": name, "command": cmd, "exit": code, "seconds": round(time.perf_counter() - t0, 1)})
+    started = time.time()
+    steps: list[dict] = []
+
+    def body() -> int:
+        for step in run_steps(str(device), out, args.book_model, runner):
+            steps.append(step)
+        return 0
+
+    def say(how: str, kept: str | None) -> str:
+        return f"cheapinfer gpu-check: {how} {kept or f'during its {STEPS[len(steps)][0]} step'}; no record written"
+
+    code = interruptible(body, say)
+    if code:
+        return code
     run_record = out / "run.json"
     record = {"check": "gpu-check", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
               "seconds": round(time.time() - started, 1), "device": str(device), "environment": dict(environment(device)),

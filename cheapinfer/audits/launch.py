@@ -16,6 +16,10 @@ from .forks import child_environment
 
 #: The exit status of a command Ctrl-C interrupted (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 128 + signal.SIGINT
+#: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).
+NOTHING_SELECTED = 5
+#: pytest.ExitCode.INTERNAL_ERROR: the plugin could not write the record (fixtures/recording.py).
+_INTERNAL_ERROR = 3
 
 
 class _Interrupt(Exception):
@@ -121,6 +125,11 @@ def interruptible(body: Callable[[], int], say: Callable[[str, str | None], str]
 # ----------------------------------------------------------------------------------------------
 
 
+#: ``runner(cmd, env)``: (exit status, whether Ctrl-C interrupted it), how a foreground run starts its pytest
+#: (:func:`run_interruptibly`; a test stands in for it).
+Runner = Callable[[list[str], dict[str, str]], tuple[int, bool]]
+
+
 @dataclass
 class ClaimsRun:
     """One pytest run of claims in a child: its exit status (None: it timed out), the record it kept and its path
@@ -136,12 +145,13 @@ class ClaimsRun:
 
 
 def claims_args(claims: Sequence[str] | None, report_dir: Path, *, fault: str | None = None, stop_on_red: bool = False,
-                pytest_args: Sequence[str] = ()) -> list[str]:
-    """The arguments of the claims' pytest: the checkout's ``claims/``, quiet, no cache, the report folder, the claims
-    selected, the fault injected, ``--stop-on-red``, then ``pytest_args``."""
+                pytest_args: Sequence[str] = (), folder: str = "claims") -> list[str]:
+    """The arguments of the claims' pytest: the checkout's ``claims/`` (or ``folder``: ``tests`` for the suite's own
+    tests), quiet, no cache, the report folder, the claims selected, the fault injected, ``--stop-on-red``, then
+    ``pytest_args``."""
     from .. import CHECKOUT
 
-    args = [str(CHECKOUT / "claims"), "-q", "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
+    args = [str(CHECKOUT / folder), "-q", "-p", "no:cacheprovider", "--report-dir", str(report_dir)]
     if fault:
         args += ["--fault", fault]
     if claims:
@@ -151,8 +161,9 @@ def claims_args(claims: Sequence[str] | None, report_dir: Path, *, fault: str | 
 
 def run_claims(claims: Sequence[str] | None, report_dir: Path, *, env: Mapping[str, str] | None = None, fault: str | None = None,
                threads: int | None = None, timeout: float | None = None, stop_on_red: bool = False, pytest_args: Sequence[str] = (),
-               runner: Callable[[list[str], dict[str, str]], tuple[int, bool]] | None = None, run_id: str | None = None) -> ClaimsRun:
-    """Run the tests of ``claims`` (all: None) in a child pytest into ``report_dir``; what it kept.
+               runner: Runner | None = None, run_id: str | None = None, folder: str = "claims") -> ClaimsRun:
+    """Run the tests of ``claims`` (all: None) in a child pytest into ``report_dir``; what it kept. ``folder``: the
+    checkout's folder of tests it runs (``claims``; ``tests``: the suite's own, as ``gpu-check`` runs them).
 
     With a ``timeout`` the run is a batch job (the fault runner's): forked from the fork server that has torch and the
     suite loaded (:mod:`cheapinfer.audits.forks`), ``threads`` torch threads, its output in ``report_dir/pytest.log``,
@@ -166,7 +177,7 @@ def run_claims(claims: Sequence[str] | None, report_dir: Path, *, env: Mapping[s
     run_id = run_id or store.new_run_id()
     report_dir = Path(report_dir)
     env = {**child_environment(env), store.RUN_ID_VARIABLE: run_id}
-    args = claims_args(claims, report_dir, fault=fault, stop_on_red=stop_on_red, pytest_args=pytest_args)
+    args = claims_args(claims, report_dir, fault=fault, stop_on_red=stop_on_red, pytest_args=pytest_args, folder=folder)
     t0 = time.monotonic()
     tail, interrupted = "", False
     if timeout is not None:
@@ -185,3 +196,45 @@ def run_claims(claims: Sequence[str] | None, report_dir: Path, *, env: Mapping[s
         except (OSError, ValueError):
             record = None
     return ClaimsRun(code, path, record, round(time.monotonic() - t0, 1), tail, interrupted)
+
+
+def claims_outcome(got: ClaimsRun, report_dir: Path, prog: str) -> int:
+    """What a foreground run of every claim (``verify``, ``gpu-check``'s claims step) says after it: the verdict table, the
+    record and the errata report, or why the latest ``run.json`` and ``errata.md`` were not replaced; its exit status
+    (pytest's: 1 when a claim deviates, a finding; 130 when Ctrl-C interrupted it)."""
+    from ..harness import schema, store, tables
+
+    code, mine = got.exit_status, got.record_path
+    if got.interrupted:
+        kept = f"its record so far: {mine}" if mine else "it recorded nothing"
+        print(f"{prog}: interrupted; {kept}; the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced", file=sys.stderr)
+        return INTERRUPTED
+    if code == NOTHING_SELECTED:  # the plugin wrote no record: an empty one would replace the latest verdicts
+        print(f"{prog}: no test was selected, nothing was run; the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} "
+              "were not replaced", file=sys.stderr)
+        return code
+    if mine:
+        record = got.record if got.record is not None else schema.read_record(mine)
+        fault = record.get("run", {}).get("fault")
+        last = (f"The fault {fault} was injected: the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced" if fault
+                else f"The latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced: see the error above"
+                if code == _INTERNAL_ERROR else f"Errata report: {Path(report_dir) / store.ERRATA_NAME}")
+        print("\n".join(["", *tables.summary_table(record), "", f"Run record: {mine}", last]))
+    return code
+
+
+def warn_memory(report_dir: Path, device: str, prog: str) -> None:
+    """One line on stderr, before a run of every claim, when this machine has less memory available than the latest whole
+    run in ``report_dir`` measured as its peak (nothing when there is no such record, or it cannot be read)."""
+    from ..harness import record as records
+    from ..harness import schema
+    from ..runtime import memory
+
+    path = Path(report_dir) / schema.RECORD_NAME
+    try:
+        latest = schema.read_record(path)
+    except (OSError, ValueError):
+        return
+    line = records.memory_warning(latest, device, memory.available(), str(path))
+    if line:
+        print(f"{prog}: warning: {line}", file=sys.stderr)

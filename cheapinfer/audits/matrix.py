@@ -30,18 +30,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .. import CHECKOUT
 from ..harness import registry
 from ..harness.compare import shape_bounds
 from ..harness.record import is_harness_error
 from ..harness.registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
-from ..harness.report import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record
-from ..harness.schema import ClaimEntry, ResultEntry, read_record
+from ..harness.report import atomic_write
+from ..harness.schema import ClaimEntry, ResultEntry
 from ..harness.tables import machine_label, markdown_table
 from . import families as kernel_families
-from .launch import Interrupted, child_environment, interruptible
+from .launch import ClaimsRun, Interrupted, Runner, child_environment, interruptible, run_claims
 
 ROOT = CHECKOUT
 
@@ -274,30 +274,16 @@ def matrix_markdown(m: dict[str, Any]) -> str:
 # running: each family, the quiet and the stressed run
 # ----------------------------------------------------------------------------------------------
 
-#: ``command(report_dir, claims)``: the claims run's pytest command line (``verify``'s own).
-Command = Callable[[Path, list[str]], list[str]]
-#: ``run(cmd, env)``: (exit status, interrupted by Ctrl-C), ``verify``'s interruptible run.
-Runner = Callable[[list[str], dict[str, str]], tuple[int, bool]]
+def claims_run(report_dir: Path, claims: list[str], env: dict[str, str], pytest_args: Sequence[str], runner: Runner | None) -> ClaimsRun:
+    """One pytest run of ``claims`` into ``report_dir`` (:func:`cheapinfer.audits.launch.run_claims`, in the foreground);
+    :class:`~cheapinfer.audits.launch.Interrupted` when Ctrl-C ended it (nothing more starts)."""
+    got = run_claims(claims, report_dir, env=env, pytest_args=pytest_args, runner=runner)
+    if got.interrupted:
+        raise Interrupted(f"its record so far: {got.record_path}" if got.record_path else "it recorded nothing")
+    return got
 
 
-def claims_run(command: Command, run: Runner, report_dir: Path, claims: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """One pytest run of ``claims`` into ``report_dir``: its record (None when it wrote none), exit status, seconds."""
-    run_id = new_run_id()
-    t0 = time.monotonic()
-    code, interrupted = run(command(report_dir, claims), {**env, RUN_ID_VARIABLE: run_id})
-    path = own_record(report_dir, run_id)
-    if interrupted:
-        raise Interrupted(f"its record so far: {path}" if path else "it recorded nothing")
-    record = None
-    if path is not None:
-        try:
-            record = read_record(path)
-        except (OSError, ValueError):
-            record = None
-    return {"record": record, "path": str(path) if path else None, "exit_status": code, "seconds": round(time.monotonic() - t0, 1)}
-
-
-def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner,
+def isa_matrix(claims: list[str], families: list[str], report_dir: Path, pytest_args: Sequence[str] = (), runner: Runner | None = None,
                echo: Callable[[str], None] = print, base_env: dict[str, str] | None = None, prog: str = "cheapinfer isa") -> dict[str, Any]:
     """Run ``claims`` under each of ``families`` and build the matrix (as written to ``isa/matrix.json``)."""
     base_env = child_environment(base_env)
@@ -321,11 +307,11 @@ def isa_matrix(claims: list[str], families: list[str], report_dir: Path, command
         info["probe"] = found
         echo(f"{prog}: {name} ({', '.join(f'{k}={v}' for k, v in fam.caps.items()) or 'no cap'}): "
              f"{len(claims)} claim(s) into {report_dir / name}")
-        got = claims_run(command, run, report_dir / name, claims, env)
-        records[name] = got["record"]
-        info.update(record=got["path"], exit_status=got["exit_status"], seconds=got["seconds"])
-        info["cap"] = kernel_families.cap_check(fam, found, (got["record"] or {}).get("environment"), own)
-        info["ran_environment"] = {k: (got["record"] or {}).get("environment", {}).get(k) for k in ("cpu_capability", "cpu_isa_caps")}
+        got = claims_run(report_dir / name, claims, env, pytest_args, runner)
+        records[name] = got.record
+        info.update(record=str(got.record_path) if got.record_path else None, exit_status=got.exit_status, seconds=got.seconds)
+        info["cap"] = kernel_families.cap_check(fam, found, (got.record or {}).get("environment"), own)
+        info["ran_environment"] = {k: (got.record or {}).get("environment", {}).get(k) for k in ("cpu_capability", "cpu_isa_caps")}
         echo(f"{prog}: {name}: {info['cap']['text']}")
     tab = table(records, claims, unavailable)
     # The machine as its own kernels describe it (a capped run's environment names its caps).
@@ -358,12 +344,13 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
     return interruptible(body, say)
 
 
-def isa_main(claims: list[str], families: list[str], report_dir: Path, command: Command, run: Runner,
+def isa_main(claims: list[str], families: list[str], report_dir: Path, pytest_args: Sequence[str] = (), runner: Runner | None = None,
              prog: str = "cheapinfer isa") -> int:
-    """``cheapinfer isa``: 0 when no claim flips, 1 when one does (or a family wrote no record)."""
+    """``cheapinfer isa``: 0 when no claim flips, 1 when one does (or a family wrote no record). Each family's claims run
+    gets ``pytest_args`` and starts through ``runner`` (default :func:`cheapinfer.audits.launch.run_interruptibly`)."""
 
     def body() -> int:
-        m = isa_matrix(claims, families, report_dir, command, run, prog=prog)
+        m = isa_matrix(claims, families, report_dir, pytest_args, runner, prog=prog)
         md, js = report_dir / "matrix.md", report_dir / "matrix.json"
         atomic_write((md, matrix_markdown(m)), (js, json.dumps(m, indent=1, default=str) + "\n"))
         print()

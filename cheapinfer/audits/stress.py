@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ..harness.compare import compare, environment_changes
 from ..harness.report import atomic_write
 from ..harness.tables import markdown_table
 from . import matrix
+from .launch import ClaimsRun, Runner
 
 #: Each busy process ends after this many seconds at most, or as soon as its parent is gone.
 BUSY_SECONDS = 7200.0
@@ -52,25 +53,28 @@ def busy(n: int, seconds: float = BUSY_SECONDS) -> Iterator[list[int]]:
             p.wait()
 
 
-def stress(claims: list[str], n: int, report_dir: Path, command: matrix.Command, run: matrix.Runner, quiet_record: dict[str, Any] | None = None,
-           quiet_source: str | None = None, echo: Callable[[str], None] = print, prog: str = "cheapinfer stress") -> dict[str, Any]:
-    """The quiet run (or ``quiet_record``), the run beside ``n`` busy processes, and how each claim's verdict moved."""
+def stress(claims: list[str], n: int, report_dir: Path, pytest_args: Sequence[str] = (), runner: Runner | None = None,
+           quiet_record: dict[str, Any] | None = None, quiet_source: str | None = None, echo: Callable[[str], None] = print,
+           prog: str = "cheapinfer stress") -> dict[str, Any]:
+    """The quiet run (or ``quiet_record``), the run beside ``n`` busy processes, and how each claim's verdict moved. Both
+    claims runs get ``pytest_args`` and start through ``runner`` (:func:`cheapinfer.audits.matrix.claims_run`)."""
     started = time.monotonic()
     env = dict(os.environ)
     if quiet_record is None:
         echo(f"{prog}: the quiet run: {len(claims)} clocked claim(s) into {report_dir / 'quiet'}")
-        got = matrix.claims_run(command, run, report_dir / "quiet", claims, env)
-        quiet_record, quiet_source, quiet_exit = got["record"], got["path"], got["exit_status"]
+        got = matrix.claims_run(report_dir / "quiet", claims, env, pytest_args, runner)
+        quiet_record, quiet_exit = got.record, got.exit_status
+        quiet_source = str(got.record_path) if got.record_path else None
     else:
         quiet_exit = None
     pids: list[int] = []
     if quiet_record is None:  # nothing to compare with: the stressed run would tell nothing
-        got = {"record": None, "path": None, "exit_status": None, "seconds": 0.0}
+        got = ClaimsRun(None, None, None, 0.0)
     else:
         echo(f"{prog}: the run beside {n} busy process(es) into {report_dir / 'stressed'}")
         with busy(n) as pids:
-            got = matrix.claims_run(command, run, report_dir / "stressed", claims, env)
-    stressed = got["record"]
+            got = matrix.claims_run(report_dir / "stressed", claims, env, pytest_args, runner)
+    stressed = got.record
     rows = matrix.moved(quiet_record, stressed, claims) if quiet_record and stressed else []
     changes = []
     if quiet_record and stressed:
@@ -81,7 +85,7 @@ def stress(claims: list[str], n: int, report_dir: Path, command: matrix.Command,
         "busy": f"{n} pure-Python loop(s) (pids {', '.join(map(str, pids))}), each ended when the run ended (at most {BUSY_SECONDS:.0f} s)",
         "seconds": round(time.monotonic() - started, 1),
         "quiet": {"record": quiet_source, "exit_status": quiet_exit, "load": matrix.load_span(quiet_record, claims) if quiet_record else None},
-        "stressed": {"record": got["path"], "exit_status": got["exit_status"], "seconds": got["seconds"],
+        "stressed": {"record": str(got.record_path) if got.record_path else None, "exit_status": got.exit_status, "seconds": got.seconds,
                      "load": matrix.load_span(stressed, claims) if stressed else None},
         "environment_changes": environment_changes(quiet_record, stressed) if quiet_record and stressed else [],
         "claims": rows,
@@ -111,12 +115,12 @@ def stress_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def stress_main(claims: list[str], n: int, report_dir: Path, command: matrix.Command, run: matrix.Runner, quiet_record: dict[str, Any] | None,
-                quiet_source: str | None, prog: str = "cheapinfer stress") -> int:
+def stress_main(claims: list[str], n: int, report_dir: Path, pytest_args: Sequence[str] = (), runner: Runner | None = None,
+                quiet_record: dict[str, Any] | None = None, quiet_source: str | None = None, prog: str = "cheapinfer stress") -> int:
     """``cheapinfer stress``: 0 when no claim turned red under stress, 1 when one did (or a run wrote no record)."""
 
     def body() -> int:
-        s = stress(claims, n, report_dir, command, run, quiet_record, quiet_source, prog=prog)
+        s = stress(claims, n, report_dir, pytest_args, runner, quiet_record, quiet_source, prog=prog)
         atomic_write((report_dir / "stress.json", json.dumps(s, indent=1, default=str) + "\n"))
         print()
         print("\n".join(stress_lines(s)))

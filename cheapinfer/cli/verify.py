@@ -9,14 +9,11 @@ import sys
 from pathlib import Path
 
 from .. import CHECKOUT
-from ..audits.launch import INTERRUPTED, claims_args, run_claims
+from ..audits.launch import claims_outcome, run_claims, warn_memory
 from ..audits.launch import run_interruptibly as _run_interruptibly
 from .common import Command, Parser, bounded_count, nonempty, nonempty_path
 
 ROOT = CHECKOUT
-#: pytest's exit status when it selected no test (``pytest.ExitCode.NO_TESTS_COLLECTED``; pytest is not imported here).
-_NOTHING_SELECTED = 5
-_INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR: the plugin could not write the record (fixtures/recording.py)
 #: The busy processes of ``stress``: from 1 to this many.
 MAX_BUSY = 64
 _stress_count = bounded_count("busy processes", 1, MAX_BUSY, "each a CPU-bound process beside the claims run")
@@ -64,15 +61,6 @@ def _needs_checkout(p: Parser) -> None:
         p.error(f"the claims/ folder is not next to the package ({ROOT}); run from a checkout of the suite")
 
 
-def _command(args: argparse.Namespace, device, rest: list[str]):
-    """``command(report_dir, claims)``: the claims' pytest, as every run of verify, isa and stress starts it."""
-
-    def command(report_dir: Path, claims: list[str] | None) -> list[str]:
-        return [sys.executable, "-m", "pytest", *claims_args(claims, report_dir, pytest_args=_pytest_args(args, device, rest))]
-
-    return command
-
-
 def _pytest_args(args: argparse.Namespace, device, rest: list[str]) -> list[str]:
     """What a claims run of verify, isa and stress passes its pytest besides the claims and the report folder."""
     extra = ["--device", str(device)]
@@ -110,7 +98,7 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
         args.busy = args.stress
         return _stress(p, args, rest, prog="cheapinfer verify --stress")
     from ..audits.launch import child_environment
-    from ..harness import schema, store, tables
+    from ..harness import store
 
     device = _device(args.device)
     if device is None:
@@ -122,44 +110,10 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
     claims = [args.claims] if args.claims else None
     if not claims:
-        _warn_memory(report_dir, str(device))
+        warn_memory(report_dir, str(device), "cheapinfer verify")
     got = run_claims(claims, report_dir, env=child_environment(), pytest_args=_pytest_args(args, device, rest), run_id=run_id,
                      runner=lambda cmd, env: _run_interruptibly(cmd, env))  # looked up at the call: a test stands in for it
-    code, interrupted, mine = got.exit_status, got.interrupted, got.record_path
-    if interrupted:
-        kept = f"its record so far: {mine}" if mine else "it recorded nothing"
-        print(f"cheapinfer verify: interrupted; {kept}; the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced", file=sys.stderr)
-        return INTERRUPTED
-    if code == _NOTHING_SELECTED:  # the plugin wrote no record: an empty one would replace the latest verdicts
-        print(f"cheapinfer verify: no test was selected, nothing was run; the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} "
-              "were not replaced", file=sys.stderr)
-        return code
-    if mine:
-        record = got.record if got.record is not None else schema.read_record(mine)
-        fault = record.get("run", {}).get("fault")
-        last = (f"The fault {fault} was injected: the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced" if fault
-                else f"The latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced: see the error above"
-                if code == _INTERNAL_ERROR else f"Errata report: {report_dir / store.ERRATA_NAME}")
-        print("\n".join(["", *tables.summary_table(record), "", f"Run record: {mine}", last]))
-    # pytest exits 1 when a claim deviates: that is a finding, reported, and the exit status says so.
-    return code
-
-
-def _warn_memory(report_dir: Path, device: str) -> None:
-    """One line on stderr, before the run, when this machine has less memory available than the latest whole run in
-    ``report_dir`` measured as its peak (nothing when there is no such record, or it cannot be read)."""
-    from ..harness import record as records
-    from ..harness import schema
-    from ..runtime import memory
-
-    path = report_dir / schema.RECORD_NAME
-    try:
-        latest = schema.read_record(path)
-    except (OSError, ValueError):
-        return
-    line = records.memory_warning(latest, device, memory.available(), str(path))
-    if line:
-        print(f"cheapinfer verify: warning: {line}", file=sys.stderr)
+    return claims_outcome(got, report_dir, "cheapinfer verify")
 
 
 def _select(p: Parser, args: argparse.Namespace, allowed: list[str], what: str) -> list[str]:
@@ -200,8 +154,8 @@ def _isa(p: Parser, args: argparse.Namespace, rest: list[str], prog: str = "chea
     if unknown or not names:
         p.error(f"--families: no such kernel family: {', '.join(unknown) or '(none given)'} (families: {', '.join(kernel_families.FAMILIES)})")
     out = _out_dir(p, args, "isa")
-    return matrix.isa_main(claims, [n for n in kernel_families.FAMILIES if n in names], out, _command(args, device, rest), _run_interruptibly,
-                           prog=prog)
+    return matrix.isa_main(claims, [n for n in kernel_families.FAMILIES if n in names], out, _pytest_args(args, device, rest),
+                           _run_interruptibly, prog=prog)
 
 
 def _stress(p: Parser, args: argparse.Namespace, rest: list[str], prog: str = "cheapinfer stress") -> int:
@@ -228,7 +182,7 @@ def _stress(p: Parser, args: argparse.Namespace, rest: list[str], prog: str = "c
         lacking = [cid for cid in claims if not any(r.get("profile") != "-" for r in quiet["claims"].get(cid, {}).get("results", []))]
         if lacking:
             p.error(f"--quiet-record {args.quiet_record}: no result for {', '.join(lacking)} (run without --quiet-record, or restrict --claims)")
-    return stress.stress_main(claims, args.busy, out, _command(args, device, rest), _run_interruptibly, quiet,
+    return stress.stress_main(claims, args.busy, out, _pytest_args(args, device, rest), _run_interruptibly, quiet,
                               str(args.quiet_record) if quiet else None, prog=prog)
 
 
