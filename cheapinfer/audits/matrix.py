@@ -35,11 +35,11 @@ from typing import Any, Callable, Sequence
 from .. import CHECKOUT
 from ..harness import registry
 from ..harness.compare import shape_bounds
-from ..harness.record import is_harness_error
-from ..harness.registry import DEVIATES, INCONCLUSIVE, NOT_RUN, fmt
-from ..harness.report import atomic_write
+from ..harness.numbers import fmt
 from ..harness.schema import ClaimEntry, ResultEntry
+from ..harness.store import atomic_write
 from ..harness.tables import machine_label, markdown_table
+from ..harness.vocabulary import BREAKABLE, DEVIATES, ERRATUM, INCONCLUSIVE, NOT_RUN, PASSING, is_harness_error
 from . import families as kernel_families
 from .launch import ClaimsRun, Interrupted, Runner, child_environment, interruptible, run_claims
 
@@ -101,7 +101,7 @@ def deciding(result: ResultEntry, claim: ClaimEntry) -> dict[str, Any] | None:
         pick = [c for c in checks if not c["passed"] and c.get("decided", True) and not c.get("documented")]
     elif verdict == INCONCLUSIVE:
         pick = [c for c in checks if c.get("decided") is False]
-    elif verdict == registry.ERRATUM:
+    elif verdict == ERRATUM:
         pick = [c for c in checks if c.get("documented")]
     else:
         def margin(c: dict[str, Any]) -> float:  # to the nearer side of a range
@@ -184,7 +184,7 @@ def flips(tab: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     *Inconclusive*, *not run* and *not available here* flip nothing: they decide nothing."""
     out = []
     for cid, row in tab.items():
-        green = {fam: c for fam, c in row.items() if c["verdict"] in registry.PASSING}
+        green = {fam: c for fam, c in row.items() if c["verdict"] in PASSING}
         red = {fam: c for fam, c in row.items() if c["verdict"] in (DEVIATES, "error")}
         if green and red:
             out.append({"claim": cid, "green": green, "red": red})
@@ -207,11 +207,11 @@ def moved(quiet: dict[str, Any], stressed: dict[str, Any], claims: list[str]) ->
     rows = []
     for cid in claims:
         q, s = cell(quiet["claims"].get(cid)), cell(stressed["claims"].get(cid))
-        if s["verdict"] in (DEVIATES, "error", "no record") and q["verdict"] in registry.BREAKABLE:
+        if s["verdict"] in (DEVIATES, "error", "no record") and q["verdict"] in BREAKABLE:
             how = RED_UNDER_STRESS
         elif q["verdict"] == s["verdict"]:
             how = SAME
-        elif q["verdict"] in registry.PASSING and s["verdict"] == INCONCLUSIVE:
+        elif q["verdict"] in PASSING and s["verdict"] == INCONCLUSIVE:
             how = INCONCLUSIVE_UNDER_STRESS
         else:
             how = CHANGED

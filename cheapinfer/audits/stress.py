@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ..harness.compare import compare, environment_changes
-from ..harness.report import atomic_write
+from ..harness.store import atomic_write
 from ..harness.tables import markdown_table
 from . import matrix
 from .launch import ClaimsRun, Runner

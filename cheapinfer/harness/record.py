@@ -21,9 +21,7 @@ from typing import Any, Iterable
 from .. import __version__
 from . import author, errata, registry, verdict
 from .schema import RUN_SCHEMA, ClaimEntry, ResultEntry, RunRecord
-
-# is_harness_error is vocabulary's (import it from there); audits/matrix.py still reads it as record.is_harness_error.
-from .vocabulary import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS, is_harness_error  # noqa: F401
+from .vocabulary import DEVIATES, ERRATUM, INCONCLUSIVE, NO_TEST, NOT_RUN, REPRODUCED, SHAPE_HOLDS
 
 
 def jsonable(value: Any) -> Any:

@@ -59,9 +59,7 @@ from typing import Any, Mapping
 from .grades import GRADES
 from .numbers import fmt, is_number
 from .registry_fields import check_fields, check_guards, field_values
-
-# Of the verdicts (vocabulary's: import them from there), audits/matrix.py still reads six as registry.<name>.
-from .vocabulary import BREAKABLE, DEVIATES, ERRATUM, ID_MAX, INCONCLUSIVE, NOT_RUN, PASSING, valid_id  # noqa: F401
+from .vocabulary import ID_MAX, valid_id
 
 #: A noisy check decides only where its margin to the bound is at least this many standard errors.
 NOISE_SIGMAS = 3.0

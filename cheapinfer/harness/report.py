@@ -15,9 +15,6 @@ from typing import Any
 from . import author, errata_sections, store, tables
 from .numbers import fmt, value_text
 from .schema import RECORD_NAME, ClaimEntry, ResultEntry, RunRecord
-
-# These four are store's (import them from there); audits/matrix.py and audits/stress.py still read them as report.<name>.
-from .store import RUN_ID_VARIABLE, atomic_write, new_run_id, own_record  # noqa: F401
 from .vocabulary import KEY_ENVIRONMENT, NO_TEST, NOT_RUN, SHAPE_HOLDS
 
 
