@@ -157,6 +157,20 @@ def _q_row_scales_transposed():
         yield
 
 
+@fault("q-group-scales-from-transposed-view", section="quantization", kind=RULE, targets=("Q-ROW-3.4",),
+       what="INT group scales are taken from the groups of the transposed weight's memory viewed as [out, in]: each group's scale is the largest |w| of 128 other weights, along the wrong axis")
+def _q_group_scales_transposed():
+    real = quant._region_absmax
+
+    def wrong_axis(w, s, blocks):
+        if s.granularity != "group" or s.kind != "int":
+            return real(w, s, blocks)
+        return real(w, s, quant._regions(w.t().reshape(w.shape), s)[0])
+
+    with patched(quant, "_region_absmax", wrong_axis):
+        yield
+
+
 @fault("formats-bnb-absmax-in-16-bits", section="quantization", kind=CONSTANT, targets=("Q-NF4",),
        what="the NF4 storage is measured on a QuantState whose fp32 absmax was cast to fp16 (the chapter's 16-bit assumption) before it is counted and written: the library's own layout is no longer what is measured")
 def _formats_bnb_absmax_16():
