@@ -61,8 +61,8 @@ def test_every_claim_test_that_runs_a_model_or_a_clock_is_device_dependent():
         assert measures_there or "device" in args or not dependent, f"{name} ({cid}) is device-dependent by runs_on {claims[cid].runs_on} but never touches the device"
 
 
-def test_gpu_selection_is_every_device_dependent_claim(tmp_path):
-    run = _pytest("claims", "-m", "gpu", "--collect-only", "-q", tmp_path=tmp_path)
+def test_gpu_selection_is_every_device_dependent_claim(pytester, tmp_path):
+    run = _pytest(pytester, "claims", "-m", "gpu", "--collect-only", "-q", tmp_path=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     selected = {line.split("::")[1].split("[")[0] for line in run.stdout.splitlines() if line.startswith("claims/")}
     claims = registry.load()
@@ -70,10 +70,10 @@ def test_gpu_selection_is_every_device_dependent_claim(tmp_path):
     assert selected == expected
 
 
-def test_gpu_selection_runs_on_the_cpu_when_asked_by_name(tmp_path):
+def test_gpu_selection_runs_on_the_cpu_when_asked_by_name(pytester, tmp_path):
     if torch.cuda.is_available():
         pytest.skip(NO_CUDA)
-    run = _pytest("claims/test_asides.py", "-m", "gpu", "--device", "cpu", "-q", tmp_path=tmp_path)
+    run = _pytest(pytester, "claims/test_asides.py", "-m", "gpu", "--device", "cpu", "-q", tmp_path=tmp_path)
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["claims"]["FLASH-NO-SCORES"]["results"][0]["device"] == "cpu"

@@ -9,7 +9,7 @@ import torch
 
 from ...chapter.kv_cache import kv, kv_listing, kv_macs, kv_memory
 from ...runtime import accel, hf
-from ..base import CONSTANT, DISABLED, RULE, fault, patched, result_mapped
+from ..base import CONSTANT, DISABLED, RULE, fault, patched
 from .patches import replaying_steps
 
 # ------------------------------------------------------------------------------------------------
@@ -47,14 +47,27 @@ def _kv_decode_step_replays():
 
 
 @fault(
-    "kv-flat-ratio-inverted",
+    "kv-short-step-refeeds-its-context",
     section="kv_cache",
-    kind=RULE,
+    kind=DISABLED,
     targets=("KV-DECODE-FLAT",),
-    what="the flat-step ratio is taken the wrong way round, the step at 16 tokens over the step at 1,024: a longer context then reads as faster than a short one (about 0.93), which a ceiling alone passes",
+    what="the repeatable decode step at the shortest context (16 tokens) crops its cache to nothing and feeds its whole context again, one forward over 17 tokens without the cache: the long context then reads as faster than the short one, which a ceiling alone passes",
 )
-def _kv_flat_ratio_inverted():
-    with result_mapped(kv, "flat_ratio", lambda ratio: {k: 1 / v for k, v in ratio.items()}):
+def _kv_short_step_refeeds():
+    real = kv.decode_step
+
+    def decode_step(model, cache, context):
+        if context > 16:
+            return real(model, cache, context)
+        ids = torch.zeros((1, context + 1), dtype=torch.long, device=next(model.parameters()).device)
+
+        def step():
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=False)
+
+        return step
+
+    with patched(kv, "decode_step", decode_step):
         yield
 
 
