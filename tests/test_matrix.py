@@ -398,3 +398,25 @@ def test_a_tiny_isa_matrix_runs_each_family_and_writes_its_table(tmp_path, capfd
     assert m["families"]["default"]["ran_environment"]["cpu_isa_caps"] == "none"
     assert (tmp_path / "isa" / "matrix.md").read_text().splitlines()[0] == matrix.MATRIX_MARK
     assert "Matrix: " in run.stdout
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_the_block_starts_only_once_every_busy_process_runs_its_loop(monkeypatch):
+    """A busy process still starting is no load: the block must not start before each has said it runs its loop (a
+    process slowed by 1 s before its loop makes the wait visible)."""
+    monkeypatch.setattr(stress, "BUSY", stress.BUSY.replace("x = 1\n", "x = 1\ntime.sleep(1.0)\n", 1))
+    start = time.monotonic()
+    with stress.busy(2) as pids:
+        assert time.monotonic() - start >= 1.0 and all(_is_busy(p) for p in pids)
+
+
+def test_a_busy_process_that_never_starts_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    def never(p, timeout=stress.START_SECONDS):
+        raise stress.BusyNotStarted(f"a busy process (pid {p.pid}) did not start within 60 s; the stressed run needs it")
+
+    monkeypatch.setattr(stress, "_wait_ready", never)
+    code = stress.stress_main(CLAIMS, 2, tmp_path, runner=lambda cmd, env: pytest.fail("ran without its load"),
+                              quiet_record=record(), quiet_source="quiet.json")
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("cheapinfer stress: a busy process (pid ") and "\n" not in err
+    assert not (tmp_path / "stress.json").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -22,35 +23,55 @@ from .launch import ClaimsRun, Runner
 
 #: Each busy process ends after this many seconds at most, or as soon as its parent is gone.
 BUSY_SECONDS = 7200.0
+#: How long a busy process may take to start before the audit gives up (a loaded machine starts Python slowly).
+START_SECONDS = 60.0
 #: One CPU-bound process: a pure-Python loop, deaf to Ctrl-C (its parent stops it), that ends at its deadline
-#: or once its parent (whose pid it is given: it may start after its parent is gone) is no longer its parent.
+#: or once its parent (whose pid it is given: it may start after its parent is gone) is no longer its parent. It
+#: says "ready" on stdout once it runs its own code, so that no claim starts before the load it is measured beside.
 BUSY = r"""
 import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 parent, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
 x = 1
+sys.stdout.write("ready\n"); sys.stdout.close()
 while time.monotonic() < end and os.getppid() == parent:
     for _ in range(100000):
         x = (x * 1103515245 + 12345) & 0x7FFFFFFF
 """
 
 
+class BusyNotStarted(RuntimeError):
+    """A busy process did not reach its loop: the stressed run would measure no stress."""
+
+
 @contextlib.contextmanager
 def busy(n: int, seconds: float = BUSY_SECONDS) -> Iterator[list[int]]:
     """``n`` CPU-bound processes (:data:`BUSY`) for the duration: their pids. They are killed when the block ends,
     however it ends (an error, Ctrl-C, SIGTERM raised as an exception); each also ends by itself after
-    ``seconds``, or when this process is gone."""
+    ``seconds``, or when this process is gone. The block starts only once every one of them runs its loop."""
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(n):
             procs.append(subprocess.Popen([sys.executable, "-I", "-S", "-c", BUSY, str(os.getpid()), str(seconds)], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True))
+        for p in procs:
+            _wait_ready(p)
         yield [p.pid for p in procs]
     finally:
         for p in procs:
             p.kill()
         for p in procs:
             p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+def _wait_ready(p: subprocess.Popen, timeout: float = START_SECONDS) -> None:
+    """Block until the busy process ``p`` has said "ready" (it then runs its loop); one clear error otherwise."""
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    if not ready or p.stdout.readline().strip() != b"ready":
+        raise BusyNotStarted(f"a busy process (pid {p.pid}) did not start within {timeout:.0f} s; the stressed run needs it")
 
 
 def stress(claims: list[str], n: int, report_dir: Path, pytest_args: Sequence[str] = (), runner: Runner | None = None,
@@ -120,7 +141,11 @@ def stress_main(claims: list[str], n: int, report_dir: Path, pytest_args: Sequen
     """``cheapinfer stress``: 0 when no claim turned red under stress, 1 when one did (or a run wrote no record)."""
 
     def body() -> int:
-        s = stress(claims, n, report_dir, pytest_args, runner, quiet_record, quiet_source, prog=prog)
+        try:
+            s = stress(claims, n, report_dir, pytest_args, runner, quiet_record, quiet_source, prog=prog)
+        except BusyNotStarted as e:
+            print(f"{prog}: {e}; no summary was written", file=sys.stderr)
+            return 1
         atomic_write((report_dir / "stress.json", json.dumps(s, indent=1, default=str) + "\n"))
         print()
         print("\n".join(stress_lines(s)))
