@@ -259,14 +259,11 @@ def _continuous_waits():
     what="the allocator hands out a block but leaves it on the free list, so a later sequence is mapped onto the same physical block",
 )
 def _paging_block_twice():
+    real = paging.PagedKVCache._take
+
     def take(self) -> int:
-        if not self.free:
-            raise paging.OutOfBlocks(f"all {len(self.refs)} blocks are in use")
-        b = self.free[0]  # the bug: peeked, never popped
-        self.refs[b] = 1
-        self.handed_out += 1
-        self.reused += b in self._ever
-        self._ever.add(b)
+        b = real(self)
+        self.free.appendleft(b)  # the bug: handed out, yet left at the head of the free list (peeked, never popped)
         return b
 
     with patched(paging.PagedKVCache, "_take", take):

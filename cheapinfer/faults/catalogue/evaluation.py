@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import torch
-
 from ...chapter import stats
 from ...chapter.evaluation import battery, evaluation, perplexity
 from ...chapter.quantization import quant
-from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, DISABLED, RULE, STATISTIC, fault, patched, result_mapped
 
 # ------------------------------------------------------------------------------------------------
 # 5. Does quantization hurt?
@@ -100,16 +98,14 @@ def _eval_agreement_scores_the_reference():
     what="the battery's batch is padded on the right (a tokenizer's default side) instead of the left, so the short questions are continued after their padding",
 )
 def _eval_battery_padded_right():
-    def right_padded(rows, pad_id):
-        length = max(len(r) for r in rows)
-        ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            mask[i, : len(r)] = 1
+    def right_padded(padded):
+        ids, mask = padded
+        for i in range(len(ids)):  # the bug: each row's padding moved after its tokens
+            pad = int((mask[i] == 0).sum())
+            ids[i], mask[i] = ids[i].roll(-pad), mask[i].roll(-pad)
         return ids, mask
 
-    with patched(battery, "_left_padded", right_padded):
+    with result_mapped(battery, "_left_padded", right_padded):
         yield
 
 

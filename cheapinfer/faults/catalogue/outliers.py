@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from ...chapter.outliers import outliers
-from ..base import CONSTANT, RULE, STATISTIC, fault, patched
+from ..base import CONSTANT, RULE, STATISTIC, fault, patched, result_mapped
 
 
 @fault(
@@ -47,17 +47,10 @@ def _out_signed_maxima():
     what="the residual-stream capture reads hidden_states from index 1 (forgetting that entry 0 is the embedding), so 'layer L' is the stream after L + 1 layers",
 )
 def _out_capture_shifted():
-    @torch.no_grad()
-    def residual_stream(model, input_ids):
-        last: list[torch.Tensor] = []
-        handle = model.model.layers[-1].register_forward_hook(lambda _m, _a, out: last.append(out[0] if isinstance(out, tuple) else out))
-        try:
-            out = model(input_ids=input_ids.to(next(model.parameters()).device), output_hidden_states=True, use_cache=False)
-        finally:
-            handle.remove()
-        return torch.stack([h[0].float().cpu() for h in list(out.hidden_states[1:]) + [last[0]]])
+    def shifted(states):
+        return torch.cat([states[1:], states[-1:]])  # the bug: entry L is the stream after layer L + 1
 
-    with patched(outliers, "residual_stream", residual_stream):
+    with result_mapped(outliers, "residual_stream", shifted):
         yield
 
 

@@ -149,11 +149,13 @@ def _spec_residual_not_normalised():
     what="on the first mismatch the greedy loop keeps the draft's token instead of the target's correction",
 )
 def _spec_greedy_keeps_draft_token():
+    real = speculative.accept_greedy
+
     def keeps_draft(proposals, target_choice):
-        n = 0
-        while n < len(proposals) and proposals[n] == target_choice[n]:
-            n += 1
-        return n, list(proposals[:n]) + [int(proposals[n] if n < len(proposals) else target_choice[n])]
+        n, kept = real(proposals, target_choice)
+        if n < len(proposals):
+            kept[-1] = int(proposals[n])  # the bug: the draft's token where the target's correction belongs
+        return n, kept
 
     with patched(speculative, "accept_greedy", keeps_draft):
         yield
