@@ -1,4 +1,4 @@
-"""One audit (``isa``, ``stress``, ``gpu-check``) started as its command starts it, whose claims run is a stand-in that
+"""One audit (``isa``, ``stress``, ``gpu-check``) or ``verify`` started as its command starts it, whose claims run is a stand-in that
 waits to be stopped: ``python tests/interrupted_audit.py AUDIT REPORT_DIR PID_FILE``. ``tests/test_interrupts.py`` sends
 it Ctrl-C or SIGTERM once the stand-in has written its pid.
 
@@ -51,6 +51,10 @@ def main(audit: str, out: Path, pid_file: str) -> int:
         FakeCuda(count=1).install(mp)
         mp.setattr(gpu_check, "_cached_artifacts", lambda: None)
         return gpu_check_cli(["--report-dir", str(out)])
+    if audit == "verify":
+        from cheapinfer.cli import main as cli
+
+        return cli(["verify", "--report-dir", str(out)])
     raise SystemExit(f"no such audit: {audit}")
 
 

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM during each audit that launches claims runs (``isa``, ``stress``, ``gpu-check``): exit 130 and 143,
+"""Ctrl-C and SIGTERM during ``verify`` and each audit that launches claims runs (``isa``, ``stress``, ``gpu-check``): exit 130 and 143,
 one line on stderr, no traceback, and every process the audit started gone (the claims run, ``stress``'s busy process).
 Each audit runs in a process of its own (:mod:`interrupted_audit`), its claims run a stand-in started through the one
 launcher. ``faults``' SIGTERM, which also removes its temporary directory, is tested in ``tests/test_faults.py``.
@@ -26,6 +26,9 @@ SAID = {
     ("stress", signal.SIGTERM): "cheapinfer stress: terminated (SIGTERM); the running claims run was stopped; no summary was written",
     ("gpu-check", signal.SIGINT): "cheapinfer gpu-check: interrupted during its tests step; no record written",
     ("gpu-check", signal.SIGTERM): "cheapinfer gpu-check: terminated (SIGTERM) during its tests step; no record written",
+    ("verify", signal.SIGINT): "cheapinfer verify: interrupted; it recorded nothing; the latest run.json and errata.md were not replaced",
+    ("verify", signal.SIGTERM): "cheapinfer verify: terminated (SIGTERM); the running claims run was stopped; the latest run.json and "
+                                "errata.md were not replaced",
 }
 
 
@@ -43,7 +46,7 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("audit", ["isa", "stress", "gpu-check"])
+@pytest.mark.parametrize("audit", ["isa", "stress", "gpu-check", "verify"])
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_audit_exits_130_or_143_in_one_line_with_its_children_stopped(audit, sig, code, tmp_path):
     pid_file = tmp_path / "claims-run.pid"

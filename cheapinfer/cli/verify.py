@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import CHECKOUT
-from ..audits.launch import claims_outcome, run_claims, warn_memory
+from ..audits.launch import claims_outcome, interruptible, run_claims, warn_memory
 from ..audits.launch import run_interruptibly as _run_interruptibly
 from .common import Command, Parser, bounded_count, nonempty, nonempty_path
 
@@ -98,7 +98,7 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
         args.busy = args.stress
         return _stress(p, args, rest, prog="cheapinfer verify --stress")
     from ..audits.launch import child_environment
-    from ..harness import store
+    from ..harness import schema, store
 
     device = _device(args.device)
     if device is None:
@@ -109,11 +109,20 @@ def _verify(p: Parser, args: argparse.Namespace, rest: list[str]) -> int:
     run_id = store.new_run_id()
     # From the caller's directory, so that relative paths mean what the caller meant; the rootdir is the checkout's.
     claims = [args.claims] if args.claims else None
-    if not claims:
-        warn_memory(report_dir, str(device), "cheapinfer verify")
-    got = run_claims(claims, report_dir, env=child_environment(), pytest_args=_pytest_args(args, device, rest), run_id=run_id,
-                     runner=lambda cmd, env: _run_interruptibly(cmd, env))  # looked up at the call: a test stands in for it
-    return claims_outcome(got, report_dir, "cheapinfer verify")
+
+    def body() -> int:
+        if not claims:
+            warn_memory(report_dir, str(device), "cheapinfer verify")
+        got = run_claims(claims, report_dir, env=child_environment(), pytest_args=_pytest_args(args, device, rest), run_id=run_id,
+                         runner=lambda cmd, env: _run_interruptibly(cmd, env))  # looked up at the call: a test stands in for it
+        return claims_outcome(got, report_dir, "cheapinfer verify")
+
+    def say(how: str, kept: str | None) -> str:
+        # SIGTERM (or Ctrl-C outside the claims run, which reports its own): the claims run is stopped, its record lost
+        stopped = "the running claims run was stopped; " if how != "interrupted" else ""
+        return (f"cheapinfer verify: {how}; {stopped}the latest {schema.RECORD_NAME} and {store.ERRATA_NAME} were not replaced")
+
+    return interruptible(body, say)
 
 
 def _select(p: Parser, args: argparse.Namespace, allowed: list[str], what: str) -> list[str]:
