@@ -39,7 +39,21 @@ def run(pytester: pytest.Pytester, *args: str, **kwargs) -> pytest.RunResult:
         return pytester.runpytest(*PLUGIN, f"--report-dir={pytester.path / 'reports'}", *args, **kwargs)
 
 
-class _KeepLibraries(_pytest.pytester.SysModulesSnapshot):
+#: The two internals of pytest's pytester that an in-process run of the checkout's claims relies on (pytest has no public
+#: way to keep a run's imports): the class each run's snapshot of ``sys.modules`` is made from, and the fixture's own
+#: snapshot. Pinned with pytest in ``pyproject.toml``; :func:`pytester_internals_missing` names what a new pytest moved.
+PYTESTER_INTERNALS = ("_pytest.pytester.SysModulesSnapshot", "Pytester._sys_modules_snapshot")
+
+
+def pytester_internals_missing(pytester: pytest.Pytester | None = None) -> list[str]:
+    """The names of :data:`PYTESTER_INTERNALS` this pytest lacks (with ``pytester``: the fixture's attribute too)."""
+    missing = [] if isinstance(getattr(_pytest.pytester, "SysModulesSnapshot", None), type) else [PYTESTER_INTERNALS[0]]
+    if pytester is not None and not hasattr(pytester, "_sys_modules_snapshot"):
+        missing.append(PYTESTER_INTERNALS[1])
+    return missing
+
+
+class _KeepLibraries(getattr(_pytest.pytester, "SysModulesSnapshot", object)):
     """pytester's snapshot of ``sys.modules``, which an in-process run (and the fixture, after its test) takes back, keeping what the run imported
     from outside the checkout's test folders: torch's modules register their operators once per process, and the
     extensions of safetensors and tokenizers initialize once, so that a second import of either fails. The test
@@ -67,6 +81,9 @@ def suite(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT, separate: boo
         for name in _OUTER:
             mp.delenv(name, raising=False)
         mp.chdir(cwd)
+        if not separate and (missing := pytester_internals_missing(pytester)):
+            pytest.fail(f"pytest {pytest.__version__} lacks {', '.join(missing)}, which an in-process run keeps its libraries "
+                        "with: update tests/plugin_runs.py to this pytest, or pin the pytest it was written for", pytrace=False)
         mp.setattr(_pytest.pytester, "SysModulesSnapshot", _KeepLibraries)  # the one each run takes
         pytester._sys_modules_snapshot = _KeepLibraries()  # and the one the fixture takes back after the test
         go = pytester.runpytest_subprocess if separate else pytester.runpytest_inprocess

@@ -200,3 +200,10 @@ def test_a_plugin_from_another_copy_than_the_checkout_is_refused(tmp_path):
     assert said == (f"the suite's pytest plugin is imported from {ROOT / 'fixtures'}, not from this checkout ({tmp_path / 'fixtures'}): "
                     "install the checkout editable (pip install -e '.[test]'), so that the plugin and claims/ are the same version")
     assert plugin_elsewhere(ROOT) is None and plugin_elsewhere(tmp_path / "elsewhere") is None  # not a checkout: nothing to mix up
+
+
+def test_the_pytester_internals_the_in_process_runs_rely_on_are_there(pytester):
+    """A pytest update that moves them fails here, by name, not as torch's operators registered twice in a later run."""
+    from plugin_runs import pytester_internals_missing
+
+    assert pytester_internals_missing(pytester) == []
