@@ -5,6 +5,7 @@ The sweep of the whole catalogue is ``python -m cheapinfer faults`` (every claim
 runs it only for one cheap fault, end to end.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -347,3 +348,41 @@ def test_a_fault_named_by_a_check_runs_that_claim_to_the_end_and_its_clocked_cla
     assert result["toothless"] == []
     alone = faults.alone_jobs(_TARGETS, ["timed"], 1, {"T"}, caught=lambda n, i: True, must={"timed": {"T"}})
     assert alone == [("timed", 0, ("T",))] and faults.alone_jobs(_TARGETS, ["timed"], 1, {"T"}, caught=lambda n, i: True) == []
+
+
+def test_every_fault_that_models_some_releases_names_them_as_a_version_range():
+    """``applies``: an installed library's name and a PEP 440 specifier; a typo would leave the fault run everywhere."""
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    ranged = {n: f.applies for n, f in faults.catalogue().items() if f.applies}
+    assert "kv-listing-deaf-to-logged-deprecations" in ranged
+    for name, applies in ranged.items():
+        for library, spec in applies.items():
+            metadata.version(library)  # installed with the suite: raises for a misspelt name
+            assert SpecifierSet(spec), (name, spec)
+
+
+def test_a_fault_outside_its_releases_is_not_run_and_not_missed(monkeypatch, tmp_path, capsys):
+    """transformers 4.x deprecates no cache keyword, so a collector deaf to transformers' logger has nothing to miss there:
+    the sweep says so in one line, records why, and does not count it missed; inside its range it is run as ever."""
+    from cheapinfer.faults import base
+
+    name = "kv-listing-deaf-to-logged-deprecations"
+    ran = []
+    monkeypatch.setattr(faults, "declared_checks", dict)
+    monkeypatch.setattr(faults, "_run_one", lambda f, claims, outdir, timeout, threads=None, stop=False:
+                        (ran.append(f.name), faults.FaultRun({cid: vocabulary.RED for cid in claims}, {}))[1])
+    for installed, runs in (("4.57.6", False), ("5.24.0", True)):
+        ran.clear()
+        monkeypatch.setattr(faults, "inapplicable", lambda f, v=None, installed=installed: base.inapplicable(f, {"transformers": installed}))
+        lines = []
+        result = faults.run([name], 1, tmp_path, echo=lines.append)
+        assert (ran == [name]) is runs and (name in result["faults"]) is runs
+        assert schema.check_fault_record(json.loads(json.dumps(result))) == result  # faults.json reads back
+        if not runs:
+            assert result["not_applicable"] == {name: "models transformers >=5; this environment has transformers 4.57.6"}
+            assert lines[0] == f"n/a     {name}: not run: it models transformers >=5; this environment has transformers 4.57.6"
+        else:
+            assert result["not_applicable"] == {} and result["faults"][name]["caught"] == 1

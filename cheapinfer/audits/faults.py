@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .. import __version__
-from ..faults.core import Fault, activate, catalogue, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
+from ..faults.core import Fault, activate, catalogue, inapplicable, last_run, targeted_by  # noqa: F401  (activate, targeted_by: the catalogue's, named here too)
 from ..harness.registry import clocked_claims, slow_claims
 from ..harness.schema import FAULT_SCHEMA, FAULTS_NAME, FaultRecord, RecordError, read_record
 from ..harness.vocabulary import ALL_TARGETS, NOT_REACHED, RED, SWEEP, is_harness_error
@@ -190,6 +190,10 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
     faults = catalogue()
     clocked = clocked_claims()
     started = time.time()
+    not_applicable = {n: why for n in names if (why := inapplicable(faults[n]))}
+    for n, why in not_applicable.items():
+        echo(f"{'n/a':<7} {n}: not run: it {why}")
+    names = [n for n in names if n not in not_applicable]
     declared = declared_checks()
     must = {n: {cid for cid, _ in declared.get(n, ())} for n in names}  # claims run to the end: a check names the fault
     per_run: dict[str, list[dict[str, str]]] = {n: [{} for _ in range(runs)] for n in names}
@@ -259,6 +263,7 @@ def run(names: list[str], runs: int, outdir: Path, timeout: float = 600.0, echo:
         "faults": results,
         "uncovered": uncovered(),
         "toothless": held,
+        "not_applicable": not_applicable,
     }
 
 
@@ -323,8 +328,9 @@ def faults_main(p, args) -> int:
     print()
     print("\n".join(table(result)))
     missed = [n for n, r in result["faults"].items() if r["caught"] < args.runs]
-    print(f"\n{len(result['faults'])} faults, {args.runs} run(s) each ({result['mode']}), {result['seconds']:.0f} s: "
-          f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "") + ".")
+    print(f"\n{len(result['faults'])} faults run, {args.runs} run(s) each ({result['mode']}), {result['seconds']:.0f} s: "
+          f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "")
+          + (f"; not applicable here (not run): {', '.join(result['not_applicable'])}" if result.get("not_applicable") else "") + ".")
     print(f"Claims no known fault turns red: {', '.join(result['uncovered']) or 'none'}")
     teeth = teeth_table(result)
     if teeth:

@@ -14,8 +14,8 @@ to turn red. A fault is registered with :func:`fault`::
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 from unittest import mock
 
 DISABLED = "disabled optimisation"
@@ -33,13 +33,16 @@ class Fault:
     what: str  # the realistic bug, in one sentence
     targets: tuple[str, ...]  # the claims it is expected to turn red
     activate: Callable[[], ContextManager[None]]
+    #: library -> PEP 440 specifier of the releases the bug can exist on ({}: all). A fault modelling a regression of
+    #: transformers 5.x has nothing to break on 4.x: there it is not applicable, never missed (:func:`inapplicable`).
+    applies: Mapping[str, str] = field(default_factory=dict)
 
 
 FAULTS: dict[str, Fault] = {}
 
 
-def fault(name: str, *, section: str, kind: str, targets: tuple[str, ...], what: str):
-    """Register the decorated generator (patch, ``yield``, restore) as the fault ``name``."""
+def fault(name: str, *, section: str, kind: str, targets: tuple[str, ...], what: str, applies: Mapping[str, str] | None = None):
+    """Register the decorated generator (patch, ``yield``, restore) as the fault ``name`` (``applies``: see :class:`Fault`)."""
     if kind not in KINDS:
         raise ValueError(f"fault {name}: kind must be one of {KINDS}")
     if not targets:
@@ -48,10 +51,34 @@ def fault(name: str, *, section: str, kind: str, targets: tuple[str, ...], what:
     def register(gen: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
         if name in FAULTS:
             raise ValueError(f"fault {name} registered twice")
-        FAULTS[name] = Fault(name, section, kind, what, tuple(targets), contextlib.contextmanager(gen))
+        FAULTS[name] = Fault(name, section, kind, what, tuple(targets), contextlib.contextmanager(gen), dict(applies or {}))
         return gen
 
     return register
+
+
+def inapplicable(f: Fault, versions: Mapping[str, str | None] | None = None) -> str | None:
+    """Why ``f`` cannot exist with these library versions (default: the installed ones), or None where it can. A version
+    that cannot be read, or a library that is not installed, leaves the fault applicable: it is run, and judged."""
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    for library, spec in f.applies.items():
+        if versions is not None:
+            installed = versions.get(library)
+        else:
+            try:
+                installed = metadata.version(library)
+            except metadata.PackageNotFoundError:
+                installed = None
+        try:
+            if installed is not None and Version(installed.split("+")[0]) not in SpecifierSet(spec):
+                return f"models {library} {spec}; this environment has {library} {installed}"
+        except InvalidVersion:
+            continue
+    return None
 
 
 def patched(target: Any, attribute: str, replacement: Any) -> ContextManager[Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, ContextManager
 
-from .base import FAULTS, KINDS, Fault  # noqa: F401  (KINDS: the catalogue's vocabulary, read here too)
+from .base import FAULTS, KINDS, Fault, inapplicable  # noqa: F401  (KINDS, inapplicable: the catalogue's vocabulary, read here too)
 
 if TYPE_CHECKING:
     from ..harness.schema import FaultRecord

@@ -149,6 +149,7 @@ class FaultRecord(TypedDict):
     seconds: NotRequired[float]
     uncovered: NotRequired[list[str]]
     toothless: NotRequired[list[dict[str, Any]]]  # checks that held, or went unjudged, under the fault they name (FAULT_RULE)
+    not_applicable: NotRequired[dict[str, str]]  # faults not run: the installed libraries are outside the releases they model
 
 
 class RunHead(TypedDict):
