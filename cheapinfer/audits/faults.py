@@ -325,8 +325,9 @@ def faults_main(p, args) -> int:
         p.error(f"--timeout {args.timeout:g}: at least {MIN_TIMEOUT:g} s (starting pytest and loading a claim's model alone take seconds)")
     result = run(args.names or list(faults), args.runs, args.report_dir, args.timeout, echo=lambda line: print(line, flush=True),
                  workers=args.workers, all_targets=args.all_targets)
-    print()
-    print("\n".join(table(result)))
+    if result["faults"]:
+        print()
+        print("\n".join(table(result)))
     missed = [n for n, r in result["faults"].items() if r["caught"] < args.runs]
     print(f"\n{len(result['faults'])} faults run, {args.runs} run(s) each ({result['mode']}), {result['seconds']:.0f} s: "
           f"{len(result['faults']) - len(missed)} caught in every run" + (f"; MISSED: {', '.join(missed)}" if missed else "")
