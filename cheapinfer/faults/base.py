@@ -59,26 +59,15 @@ def fault(name: str, *, section: str, kind: str, targets: tuple[str, ...], what:
 
 def inapplicable(f: Fault, versions: Mapping[str, str | None] | None = None) -> str | None:
     """Why ``f`` cannot exist with these library versions (default: the installed ones), or None where it can. A version
-    that cannot be read, or a library that is not installed, leaves the fault applicable: it is run, and judged."""
-    from importlib import metadata
+    that cannot be read, or a library that is not installed, leaves the fault applicable: it is run, and judged
+    (:func:`cheapinfer.harness.registry.outside_releases`, which errata read too)."""
+    from ..harness.registry import outside_releases
+    from ..runtime.device import installed_version
 
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    for library, spec in f.applies.items():
-        if versions is not None:
-            installed = versions.get(library)
-        else:
-            try:
-                installed = metadata.version(library)
-            except metadata.PackageNotFoundError:
-                installed = None
-        try:
-            if installed is not None and Version(installed.split("+")[0]) not in SpecifierSet(spec):
-                return f"models {library} {spec}; this environment has {library} {installed}"
-        except InvalidVersion:
-            continue
-    return None
+    if versions is None:
+        versions = {library: installed_version(library) for library in f.applies}
+    outside = outside_releases(f.applies, versions)
+    return None if outside is None else f"models {outside[0]} {outside[1]}; this environment has {outside[0]} {outside[2]}"
 
 
 def patched(target: Any, attribute: str, replacement: Any) -> ContextManager[Any]:

@@ -86,6 +86,24 @@ class RegistryError(ValueError):
     """The registry file is malformed."""
 
 
+
+def outside_releases(applies: Mapping[str, str], versions: Mapping[str, str | None]) -> tuple[str, str, str] | None:
+    """The first (library, specifier, version) of ``applies`` (library -> PEP 440 specifier) whose version in
+    ``versions`` lies outside it; None where every one lies inside. A library without a version there, or with one
+    that cannot be read ("not installed", a local build's name), counts as inside: judge as documented, and the
+    record shows the version. Errata (:meth:`Erratum.applies_to`) and faults (``faults.base.inapplicable``) read it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    for library, spec in applies.items():
+        version = versions.get(library)
+        try:
+            if version is not None and Version(str(version).split("+")[0]) not in SpecifierSet(spec):
+                return library, spec, str(version)
+        except InvalidVersion:
+            continue
+    return None
+
 @dataclass(frozen=True)
 class Check:
     """One assertion of a claim. ``kind`` is ``digits`` (against the book) or ``shape`` (against a bound)."""
@@ -170,18 +188,7 @@ class Erratum:
 
     def applies_to(self, versions: Mapping[str, str] | None) -> bool:
         """Whether the erratum holds for these library versions (unknown versions: it does)."""
-        if not self.applies or versions is None:
-            return True
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import InvalidVersion, Version
-
-        for library, spec in self.applies.items():
-            try:
-                if Version(str(versions.get(library, "")).split("+")[0]) not in SpecifierSet(spec):
-                    return False
-            except InvalidVersion:
-                return True  # a version this cannot read: judge as documented, and the record shows the version
-        return True
+        return versions is None or outside_releases(self.applies, versions) is None
 
 
 @dataclass(frozen=True)
